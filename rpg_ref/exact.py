@@ -1,0 +1,72 @@
+"""Exact expectations over a K-outcome softmax policy, by enumeration (no sampling).
+
+The tool behind the library's exactness claims: for a categorical pi_theta = softmax(theta)
+the expectation of a loss under pi_old is a finite sum, so its autograd gradient can be
+compared with -grad J(theta) computed from J's definition. Used by tests, derivations/,
+the demo and the notebooks.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rpg_ref import losses
+
+__all__ = ["divergence", "objective", "objective_grad", "expected_loss", "expected_loss_grad"]
+
+
+def divergence(div: str, logp_theta: Tensor, logp_ref: Tensor) -> Tensor:
+    """D(pi_theta, pi_ref) from the definitions; pi_ref may be an unnormalized measure.
+
+    fkl: KL(ref||theta)   rkl: KL(theta||ref)   ufkl: UKL(ref||theta)   urkl: UKL(theta||ref)
+    """
+    p, r = logp_theta.exp(), logp_ref.exp()
+    if div == "fkl":
+        return (r * (logp_ref - logp_theta)).sum()
+    if div == "rkl":
+        return (p * (logp_theta - logp_ref)).sum()
+    if div == "ufkl":
+        return (r * (logp_ref - logp_theta)).sum() + (p - r).sum()
+    if div == "urkl":
+        return (p * (logp_theta - logp_ref)).sum() + (r - p).sum()
+    raise ValueError(f"unknown divergence {div!r}; valid: fkl, rkl, ufkl, urkl")
+
+
+def objective(div: str, theta: Tensor, R: Tensor, beta: float, logp_ref: Tensor) -> Tensor:
+    """J(theta) = sum_x pi_theta(x) R(x) - beta D(pi_theta, pi_ref), pi_theta = softmax(theta)."""
+    logp = torch.log_softmax(theta, 0)
+    return (logp.exp() * R).sum() - beta * divergence(div, logp, logp_ref)
+
+
+def objective_grad(div: str, theta: Tensor, R: Tensor, beta: float, logp_ref: Tensor) -> Tensor:
+    th = theta.detach().clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(objective(div, th, R, beta, logp_ref), th)
+    return g
+
+
+def expected_loss(name: str, theta: Tensor, logp_old: Tensor, A: Tensor, beta: float,
+                  ref_logp: Optional[Tensor] = None, clip=None) -> Tensor:
+    """sum_x pi_old(x) L(x) with each outcome x one sample (B=1, T=1); differentiable in theta.
+
+    ``logp_old`` may be the log of an unnormalized measure of mass Z_old: the sum is then
+    Z_old * E_{x ~ pi_old / Z_old}[L(x)], the paper's unnormalized expectations.
+    """
+    logp = torch.log_softmax(theta, 0)
+    fn = losses.get_loss(name)
+    one = torch.ones(1, 1, dtype=theta.dtype)
+    total = theta.new_zeros(())
+    for x in range(theta.shape[0]):
+        loss, _ = fn(logp[x].view(1, 1), logp_old[x].view(1, 1), A[x].view(1), one, beta=beta,
+                     ref_logp=None if ref_logp is None else ref_logp[x].view(1, 1), clip=clip)
+        total = total + logp_old[x].exp() * loss
+    return total
+
+
+def expected_loss_grad(name: str, theta: Tensor, logp_old: Tensor, A: Tensor, beta: float,
+                       ref_logp: Optional[Tensor] = None, clip=None) -> Tensor:
+    th = theta.detach().clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(expected_loss(name, th, logp_old, A, beta, ref_logp, clip), th)
+    return g

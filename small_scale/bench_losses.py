@@ -1,0 +1,88 @@
+"""Forward + backward time of every loss vs a plain PPO-clip floor, measured in the same run.
+
+    python small_scale/bench_losses.py [--B 256 --T 2048 --repeats 15 --threads N]
+
+The floor (rpg_ref.losses.ppo_clip_floor) is the least any clipped token loss pays: one exp,
+a clamp, a min, a masked mean, written as people usually write it (eager PyTorch, autograd).
+Each loss is timed with its clipping on (the setting people train with), its input checks
+and all its statistics, in two modes:
+  eager  the default: rpg_ref's kernel run op by op, gradients in closed form
+  fused  RPG_REF_COMPILE=1: the same kernel function fused by torch.compile (first call compiles)
+The printed ratio is median(loss) / median(floor); the floor is re-measured around every loss
+so drift on a shared machine cancels out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+import rpg_ref.losses as L
+
+
+def _time(fn, repeats: int) -> float:
+    fn()                                                     # warm-up
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--B", type=int, default=256)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    B, T = args.B, args.T
+    logp = (-torch.rand(B, T, generator=g) * 3).requires_grad_(True)     # [B, T] float32
+    old = logp.detach() + 0.1 * torch.randn(B, T, generator=g)
+    ref = logp.detach() + 0.1 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, generator=g)
+    lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]                     # [B, T] bool
+
+    def floor():
+        L.ppo_clip_floor(logp, old, adv, mask.float(), 0.2, 0.28).backward()
+        logp.grad = None
+
+    rows = []
+    for mode in ("eager", "fused"):
+        os.environ["RPG_REF_COMPILE"] = "1" if mode == "fused" else "0"
+        for name in sorted(L.LOSSES):
+            spec = L.SPECS[name]
+            beta = 0.0 if spec.kl_in_reward or name == "dapo" else 1e-3
+            clip = (0.2, 0.28, 10.0) if spec.family != "baseline" else None
+
+            def run(fn=L.get_loss(name), beta=beta, clip=clip):
+                loss, _ = fn(logp, old, adv, mask, beta=beta, ref_logp=ref, clip=clip)
+                loss.backward()
+                logp.grad = None
+
+            run()                                                # compiles in fused mode
+            t_floor = _time(floor, args.repeats)
+            t_loss = _time(run, args.repeats)
+            t_floor = (t_floor + _time(floor, args.repeats)) / 2
+            rows.append((mode, name, t_loss, t_floor))
+
+    print(f"B={B} T={T} float32 CPU, threads={torch.get_num_threads()}, torch {torch.__version__}")
+    print(f"{'mode':6s} {'loss':24s} {'ms':>8s} {'floor ms':>9s} {'ratio':>6s}")
+    for mode, name, t, f in rows:
+        print(f"{mode:6s} {name:24s} {1e3 * t:8.2f} {1e3 * f:9.2f} {t / f:6.2f}")
+    for mode in ("eager", "fused"):
+        worst = max(t / f for md, _, t, f in rows if md == mode)
+        print(f"{mode}: worst ratio {worst:.2f} (target <= 1.30)")
+
+
+if __name__ == "__main__":
+    main()
