@@ -68,10 +68,16 @@ Baselines:
                   to go is whitened over the whole batch (the -baseline variant first subtracts the
                   group mean reward). The KL lives in the advantage, so these losses take beta=0.
 
-Numerics: log-ratios entering exp() are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]. Inside
-that range nothing changes; outside it the sample's ratio is frozen at e^{+-40} and no gradient
-flows through that clamped log-ratio (the sample stops moving the policy through that term).
-Losses are computed in at least float32 (bf16/fp16 inputs are upcast).
+Numerics and implementation:
+  * Log-ratios (log w, log rho, log u) are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-40, 40]
+    before exp(). Inside that range nothing changes. Outside it the loss value and its gradient are
+    those at the clamp (e^{+-40}): finite, and the sample's weight saturates instead of overflowing.
+  * Gradients with respect to ``logp`` are computed in closed form inside one pure kernel (the
+    derivatives of the per-unit losses above; tests/test_losses_autograd_oracle.py checks them
+    against autograd through the literal formulas). This saves autograd's per-op memory passes.
+    Only first derivatives are available; a double backward raises.
+  * Losses are computed in at least float32 (bf16/fp16 inputs are upcast).
+  * ``RPG_REF_COMPILE=1`` fuses the kernel with torch.compile for large inputs (same function).
 """
 
 from __future__ import annotations
@@ -344,7 +350,8 @@ def _kernel(kind: str, lw, lr, lu, adv, ell, agg_w, unit_w, tok_lw, tok_w,
             dual = ~pos & (w >= c) if math.isfinite(c) else torch.zeros_like(pos)
             flat = high | low | dual
             c_eff = c if math.isfinite(c) else 0.0                          # unused when c = inf
-            clip_w = torch.where(high, hi, torch.where(low, lo, c_eff))
+            # bounds as tensors of w's dtype: Python floats in torch.where would round to float32
+            clip_w = torch.where(high, w.new_tensor(hi), torch.where(low, w.new_tensor(lo), w.new_tensor(c_eff)))
             value = torch.where(flat, adv * clip_w + c_kl, weight) * ell
             grad = torch.where(flat, zero, -weight)
 
@@ -404,7 +411,10 @@ def _run_kernel(*args, numel: int):
 
 
 class _Surrogate(torch.autograd.Function):
-    """Returns a precomputed loss value; backward returns the precomputed d loss / d logp."""
+    """Returns a precomputed loss value; backward returns the precomputed d loss / d logp.
+
+    First derivatives only: asking for a second derivative raises instead of returning 0.
+    """
 
     @staticmethod
     def forward(ctx, logp, value, grad):
@@ -412,6 +422,7 @@ class _Surrogate(torch.autograd.Function):
         return value.clone()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         (grad,) = ctx.saved_tensors
         return grad_out * grad, None, None

@@ -336,3 +336,22 @@ def test_kl_statistics_are_unbiased_estimates():
         want = divergence(DIV_OF[name], lp, logp_ref)
         assert abs(kl - want).item() < TOL, (name, kl, want)
         assert abs(kl_old - divergence("rkl", lp, logp_old)).item() < TOL
+
+
+def test_clipped_values_keep_float64_precision():
+    """Flat-segment loss values are computed in the input dtype (regression: Python-float bounds
+    in torch.where used to round w_high = 1.28 to float32)."""
+    logp = torch.log(torch.tensor([[0.4]]))
+    loss, _ = L.get_loss("rpg-reinforce-fkl")(logp, logp - math.log(1.5), torch.tensor([1.0]),
+                                              torch.ones(1, 1), clip=(0.2, 0.28, 3.0))
+    assert abs(loss.item() - 1.28 * -math.log(0.4)) < 1e-15
+
+
+def test_second_derivative_raises_instead_of_zero():
+    """Gradients are closed-form first derivatives; a double backward must fail loudly."""
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    loss, _ = L.get_loss("rpg-rkl")(logp, torch.tensor([[-1.3]]), torch.tensor([0.7]), torch.ones(1, 1),
+                                    beta=0.5)
+    (g,) = torch.autograd.grad(loss, logp, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), logp)

@@ -1,0 +1,4 @@
+"""Integrations with other RL frameworks (optional dependencies; import the submodule you need).
+
+    rpg_ref.integrations.verl   registers the RPG losses in verl's policy-loss registry
+"""

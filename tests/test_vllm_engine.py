@@ -1,0 +1,190 @@
+"""The vLLM engine's pure logic, with fake vLLM objects (vLLM itself is not installed here)."""
+import importlib
+import sys
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from rpg_ref.engines import vllm_engine as ve
+
+
+def test_module_imports_without_vllm():
+    assert "vllm" not in sys.modules or sys.modules["vllm"] is not None
+    importlib.reload(ve)  # importing must never need vllm
+    assert ve.VLLMEngine.Options().sleep_level == 1
+
+
+def test_version_range():
+    for ok in ("0.10.2", "0.11.0", "0.11.2"):
+        ve.check_vllm_version(ok)
+    for bad in ("0.10.1", "0.9.2", "0.12.0", "1.0.0"):
+        with pytest.raises(ValueError, match="outside the supported range"):
+            ve.check_vllm_version(bad)
+
+
+# --------------------------------------------------------------------------- weight names
+def _tiny_qwen3():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def test_weight_names_are_hf_names_without_wrappers_and_tied_head():
+    """vLLM's Qwen3 load_weights takes HF names (it fuses q/k/v and gate/up itself): names pass
+    unchanged, wrapper prefixes go, lm_head is dropped when tied, values are cast to bf16."""
+    model = _tiny_qwen3()
+    hf = dict(model.named_parameters())
+    assert "lm_head.weight" not in hf  # tied: named_parameters already dedups it ...
+    with_head = list(hf.items()) + [("lm_head.weight", model.lm_head.weight)]  # ... some wrappers do not
+    out = dict(ve.hf_to_vllm_weights(with_head, tie_word_embeddings=True, dtype=torch.bfloat16))
+    assert set(out) == set(hf)
+    assert "model.layers.1.self_attn.q_proj.weight" in out and "model.layers.0.mlp.gate_proj.weight" in out
+    assert all(t.dtype == torch.bfloat16 and not t.requires_grad for t in out.values())
+    wrapped = [(f"module._orig_mod.{n.replace('layers.0.', 'layers.0._checkpoint_wrapped_module.')}", t)
+               for n, t in hf.items()]
+    assert set(dict(ve.hf_to_vllm_weights(wrapped, True))) == set(hf)
+    untied = dict(ve.hf_to_vllm_weights(with_head, tie_word_embeddings=False))
+    assert "lm_head.weight" in untied
+    with pytest.raises(ValueError, match="appears twice"):
+        list(ve.hf_to_vllm_weights([("module.a", torch.zeros(1)), ("a", torch.zeros(1))], False))
+    with pytest.raises(ValueError, match="non-floating"):
+        list(ve.hf_to_vllm_weights([("a", torch.zeros(1, dtype=torch.long))], False))
+
+
+def test_buckets_respect_the_byte_limit_and_keep_order():
+    named = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([3, 3, 10, 1, 1])]
+    got = [[name for name, _ in b] for b in ve.buckets(named, max_bytes=24)]
+    assert got == [["w0", "w1"], ["w2"], ["w3", "w4"]]  # 12+12 | 40 alone | 4+4
+
+
+def test_checksum_is_invariant_to_fusing_qkv():
+    q, k, v = torch.randn(8, 4), torch.randn(2, 4), torch.randn(2, 4)
+    fused = torch.cat([q, k, v])
+    a, b = ve.weights_checksum([q, k, v]), ve.weights_checksum([fused])
+    assert ve.checksums_match(a, b, rtol=1e-12)
+    assert not ve.checksums_match(a, ve.weights_checksum([q, k, v * 1.01]))
+
+
+# --------------------------------------------------------------------------- log-prob extraction
+def _lp(x):
+    return NS(logprob=x, rank=1, decoded_token=None)
+
+
+def _completion(index, ids, lps, extra=None):
+    entries = [{t: _lp(l)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, l in zip(ids, lps)]
+    return NS(index=index, token_ids=ids, logprobs=entries)
+
+
+def test_sampled_logprobs_and_grouping_from_fake_outputs():
+    eos = 2
+    ro0 = NS(outputs=[_completion(1, [5, 6], [-0.5, -0.25], extra=9), _completion(0, [7, eos, 8], [-1.0, -2.0, -3.0])])
+    ro1 = NS(outputs=[_completion(0, [4], [-0.125]), _completion(1, [eos], [-4.0])])
+    pairs = ve.outputs_to_pairs([ro0, ro1], n=2, eos_id=eos)
+    assert pairs == [([7, eos], [-1.0, -2.0]), ([5, 6], [-0.5, -0.25]), ([4], [-0.125]), ([eos], [-4.0])]
+    with pytest.raises(ValueError, match="expected 3 completions"):
+        ve.outputs_to_pairs([ro0], n=3, eos_id=eos)
+    with pytest.raises(ValueError, match="no log-prob reported for the sampled token 6"):
+        ve.sampled_logprobs(NS(token_ids=[5, 6], logprobs=[{5: _lp(-1.0)}, {7: _lp(-1.0)}]))
+    with pytest.raises(ValueError, match="log-prob entries"):
+        ve.sampled_logprobs(NS(token_ids=[5, 6], logprobs=None))
+    plain = NS(token_ids=[3], logprobs=[{3: -0.75}])  # a float instead of a Logprob object
+    assert ve.sampled_logprobs(plain) == [-0.75]
+
+
+def test_prompt_logprobs_skip_the_first_position():
+    ro = NS(prompt_logprobs=[None, {11: _lp(-1.5)}, {12: _lp(-0.5)}])
+    assert ve.prompt_logprobs_of(ro, [10, 11, 12]) == [-1.5, -0.5]
+    with pytest.raises(ValueError):
+        ve.prompt_logprobs_of(ro, [10, 11])
+
+
+# --------------------------------------------------------------------------- state machine
+class FakeBackend:
+    def __init__(self, checksum=(1.0, 2.0), probe=(-1.0, -2.0)):
+        self.calls, self._checksum, self._probe = [], checksum, list(probe)
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tags))
+
+    def load(self, named):
+        self.calls.append(("load", [n for n, _ in named]))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def checksum(self):
+        self.calls.append(("checksum",))
+        return self._checksum
+
+    def probe_logprobs(self, ids):
+        self.calls.append(("probe", list(ids)))
+        return self._probe
+
+    def generate(self, *args):
+        self.calls.append(("generate",))
+        return "out"
+
+
+def _sync(sm, checksum=(1.0, 2.0), trainer_lp=(-1.0, -2.01)):
+    return sm.sync(iter([("a", torch.zeros(1))]), checksum, [1, 2, 3], list(trainer_lp))
+
+
+def test_step_order_wake_generate_sleep_sync_verify():
+    """The trainer's order: wake, generate, sleep (train), sync (wakes weights, loads, wakes KV,
+    resets the prefix cache, verifies), generate again (evaluation) without another wake."""
+    be = FakeBackend()
+    sm = ve.EngineStateMachine(be, sleep_level=1, verify_tol=0.05)
+    sm.wake()                                   # already awake after LLM(): no call
+    assert sm.generate() == "out"
+    sm.sleep()
+    sm.sleep()                                  # idempotent
+    with pytest.raises(RuntimeError, match="call wake"):
+        sm.generate()
+    info = _sync(sm)
+    assert info["sync_logprob_diff"] == pytest.approx(0.005, abs=1e-12)
+    assert sm.generate() == "out"
+    assert be.calls == [("generate",), ("sleep", 1), ("wake_up", ["weights"]), ("load", ["a"]),
+                        ("wake_up", ["kv_cache"]), ("reset_prefix_cache",), ("checksum",),
+                        ("probe", [1, 2, 3]), ("generate",)]
+    sm.sleep()
+    sm.wake()
+    assert be.calls[-2:] == [("sleep", 1), ("wake_up", None)]
+
+
+def test_a_sync_that_did_not_take_effect_stops_with_an_error():
+    sm = ve.EngineStateMachine(FakeBackend(checksum=(1.0, 2.0)), verify_tol=0.05)
+    with pytest.raises(ve.WeightSyncError, match="checksum"):
+        _sync(sm, checksum=(1.5, 2.0))
+    with pytest.raises(RuntimeError, match="failed verification"):
+        sm.generate()
+    sm = ve.EngineStateMachine(FakeBackend(probe=(-1.0, -2.0)), verify_tol=0.05)
+    with pytest.raises(ve.WeightSyncError, match="log-probs"):
+        _sync(sm, trainer_lp=(-1.3, -2.0))      # mean |diff| 0.15 > 0.05
+    with pytest.raises(RuntimeError, match="failed verification"):
+        sm.generate()
+    _sync(sm)                                   # a good sync re-enables generation
+    assert sm.generate() == "out"
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="sleep_level"):
+        ve.EngineStateMachine(FakeBackend(), sleep_level=3)
+    with pytest.raises(ValueError, match="verify_tol"):
+        ve.EngineStateMachine(FakeBackend(), verify_tol=0)
+    with pytest.raises(ValueError, match="differ in length"):
+        ve.compare_logprobs([1.0], [1.0, 2.0], 0.1)
+
+
+def test_engine_without_vllm_raises_a_clear_error():
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    opts = ve.VLLMEngine.Options(in_process=False)
+    with pytest.raises(ValueError, match="needs vLLM"):
+        ve.VLLMEngine._make_llm("/nonexistent", "/nonexistent", opts, 128, 0)
