@@ -13,26 +13,22 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rpg_ref import losses
+from rpg_ref import kl, losses
 
 __all__ = ["divergence", "objective", "objective_grad", "expected_loss", "expected_loss_grad"]
 
 
+_DIVERGENCES = {"fkl": kl.forward_kl, "rkl": kl.reverse_kl, "ufkl": kl.forward_ukl, "urkl": kl.reverse_ukl}
+
+
 def divergence(div: str, logp_theta: Tensor, logp_ref: Tensor) -> Tensor:
-    """D(pi_theta, pi_ref) from the definitions; pi_ref may be an unnormalized measure.
+    """D(pi_theta, pi_ref) from rpg_ref.kl; pi_ref may be an unnormalized measure.
 
     fkl: KL(ref||theta)   rkl: KL(theta||ref)   ufkl: UKL(ref||theta)   urkl: UKL(theta||ref)
     """
-    p, r = logp_theta.exp(), logp_ref.exp()
-    if div == "fkl":
-        return (r * (logp_ref - logp_theta)).sum()
-    if div == "rkl":
-        return (p * (logp_theta - logp_ref)).sum()
-    if div == "ufkl":
-        return (r * (logp_ref - logp_theta)).sum() + (p - r).sum()
-    if div == "urkl":
-        return (p * (logp_theta - logp_ref)).sum() + (r - p).sum()
-    raise ValueError(f"unknown divergence {div!r}; valid: fkl, rkl, ufkl, urkl")
+    if div not in _DIVERGENCES:
+        raise ValueError(f"unknown divergence {div!r}; valid: {', '.join(_DIVERGENCES)}")
+    return _DIVERGENCES[div](logp_theta, logp_ref)
 
 
 def objective(div: str, theta: Tensor, R: Tensor, beta: float, logp_ref: Tensor) -> Tensor:
