@@ -105,11 +105,13 @@ class LossSpec:
     """What a trainer needs to know about a loss besides calling it."""
     name: str
     family: str                 # "rpg" (fully differentiable), "rpg-reinforce", or "baseline"
-    divergence: Optional[str]   # "fkl" | "rkl" | "ufkl" | "urkl" | None
+    divergence: Optional[str]   # D whose gradient the KL part has in expectation, for every theta;
+                                # None for published grpo (its term matches no fixed D off-policy)
     advantage: str              # default estimator in rpg_ref.advantages.ADVANTAGES
     kl_in_reward: bool          # True: the KL goes into the advantage; call the loss with beta=0
     default_clip: Optional[tuple]  # used when clip=None (baselines only; rpg losses: no clip)
     paper_label: str
+    has_kl: bool = True         # False only for dapo (no KL anywhere)
 
 
 LOSSES: dict[str, Callable] = {}
@@ -559,5 +561,6 @@ _BASELINES = {
 for _name, (_doc, _adv, _kir, _clip) in _BASELINES.items():
     _register(_name,
               lambda *a, _n=_name, _c=_clip, **k: _loss(_n, *a, default_clip=_c, **k), _doc,
-              LossSpec(_name, "baseline", "urkl" if _name.startswith("grpo") else None, _adv, _kir,
-                       _clip, "subsec:grpo_main" if _name.startswith("grpo") else ""))
+              LossSpec(_name, "baseline", "urkl" if _name == "grpo-corrected" else None, _adv, _kir,
+                       _clip, "subsec:grpo_main" if _name.startswith("grpo") else "",
+                       has_kl=_name != "dapo"))

@@ -93,6 +93,7 @@ from torch import Tensor, nn
 from rpg_ref.advantages import ADVANTAGES, GROUP_ESTIMATORS, compute_advantages
 from rpg_ref.kl import k3
 from rpg_ref.losses import AGGREGATIONS, LEVELS, LOSSES, SPECS
+from rpg_ref.presets import trainer_presets
 
 # =============================================================================================
 # 1. config
@@ -115,7 +116,7 @@ class Config:
         "Default: the preset named like --task if there is one, else 'seq'",
     )
     task: str = _f(
-        "seq", "task: one of TASKS (bandit, seq; math when rpg_ref.math_task is installed)"
+        "seq", "task: one of TASKS (bandit, seq, math: see rpg_ref/math_task.py)"
     )
     out: str | None = _f(None, "output folder (default runs/<task>-<algo>-s<seed>)")
     resume: str | None = _f(
@@ -241,6 +242,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "threads": 1,
     },
 }
+# the math presets (rpg-train --task math, --preset qwen3-4b-h100[-4k|-8k], qwen3-0.6b-h100): their
+# values live in rpg_ref/presets.py, the paper's hyperparameters recorded next to them
+PRESETS.update(trainer_presets())
 DEFAULT_PRESET = "seq"
 
 
@@ -353,8 +357,7 @@ def parse_config(argv: list | None = None) -> Config:
     spec = SPECS.get(cfg.algo)
     if (
         spec is not None
-        and spec.divergence is None
-        and not spec.kl_in_reward
+        and not spec.has_kl
         and "beta" not in explicit
     ):
         cfg.beta = 0.0
@@ -1087,7 +1090,7 @@ class SampleEngine:
 ENGINES: dict[str, Any] = {
     "hf": HFEngine,
     "sample": SampleEngine,
-    "vllm": "rpg_ref.vllm_engine:VLLMEngine",
+    "vllm": "rpg_ref.engines.vllm_engine:VLLMEngine",
 }
 
 
@@ -1154,10 +1157,14 @@ def collate(prompts: list, responses: list, pad_id: int, device, sampler_lp: lis
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float) -> Tensor:
-    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -penalty at max_len."""
+    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -penalty at max_len
+    (penalty times rpg_ref.math_reward.overlong_penalty, the one implementation; buffer 0 = off)."""
     if buffer == 0:
         return torch.zeros_like(lengths, dtype=torch.float)
-    return -penalty * ((lengths.float() - (max_len - buffer)) / buffer).clamp(0.0, 1.0)
+    from rpg_ref.math_reward import overlong_penalty as r_length  # lazy: that module imports sympy
+
+    r = [penalty * r_length(n, max_len, buffer) for n in lengths.tolist()]
+    return torch.tensor(r, dtype=torch.float, device=lengths.device)  # [N]
 
 
 def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Batch, dict]:

@@ -315,6 +315,8 @@ def test_registry_and_get_loss():
     assert expected == set(L.LOSSES)
     with pytest.raises(ValueError, match="rpg-urkl"):
         L.get_loss("rpg-nope")
+    assert not L.SPECS["dapo"].has_kl and L.SPECS["grpo"].has_kl and L.SPECS["reinforce++"].kl_in_reward
+    assert L.SPECS["grpo"].divergence is None and L.SPECS["grpo-corrected"].divergence == "urkl"
     for name, fn in L.LOSSES.items():
         assert fn.spec.name == name and L.SPECS[name] is fn.spec
         assert fn.__doc__ and "Returns" in fn.__doc__
