@@ -2,10 +2,10 @@
 
 PAPER_HPARAMS records what the paper states (app:detailed_exp_setup_choices, sec:experiments) and,
 marked "released code", what its released scripts use (shared/REFERENCE_NOTES.md section 2).
-MATH_PRESETS are written in rpg_ref.train's preset format (only values that differ from the Config
-defaults; "<task>_<option>" / "<engine>_<option>" keys for task and engine options) so that the
-trainer can merge them into its PRESETS. MATH_TASK_OPTIONS are the math task's option values these
-presets assume; their names must match the math task's Options once it exists.
+MATH_PRESETS hold rpg_ref.train Config fields (only values that differ from the Config defaults);
+MATH_TASK_OPTIONS the math task's options (rpg_ref.math_task.MathTask.Options) for each preset.
+trainer_presets() merges the two into rpg_ref.train's PRESETS format ("math_<option>" keys), which
+the trainer adds to its own presets: these values live only here.
 
 One GPU instead of 8: the rollout batch stays 512 prompts x 16 responses; each optimizer step uses
 512 responses (the paper's per-GPU mini-batch of 32 prompts x 16 responses), so a rollout batch gives
@@ -65,22 +65,32 @@ MATH_PRESETS: dict[str, dict] = {
     "qwen3-4b-h100-4k": dict(_PAPER_TRAIN, max_new_tokens=4096),
     "qwen3-4b-h100-8k": dict(_PAPER_TRAIN, max_new_tokens=8192),
     # the same recipe on a smaller model (fits easily; a quick end-to-end check of a setup)
-    "qwen3-0.6b-h100": dict(_PAPER_TRAIN, max_new_tokens=2048, micro_batch_size=16),
+    # micro-batch 4: the trainer materializes fp32 logits [micro, 2K, 151936] (~5 GB per copy)
+    "qwen3-0.6b-h100": dict(_PAPER_TRAIN, max_new_tokens=2048, micro_batch_size=4),
 }
 
+# `rpg-train --task math` (no --preset): the paper's recipe on the HF engine (the math task's default
+# engine, runs anywhere; add --engine vllm on a GPU with vLLM installed)
+MATH_PRESETS["math"] = {k: v for k, v in MATH_PRESETS["qwen3-4b-h100"].items() if k != "engine"}
+
+_PAPER_TASK = {"train_data": "deepmath_int", "eval_data": ["aime24", "aime25", "amc23"], "eval_n": 32,
+               "eval_k": [32], "prompt": "answer", "enable_thinking": False, "scoring": "pm1",
+               # docs/memory_budget_qwen3_4b_h100.md: fp32 master weights, bf16 compute, checkpointing
+               "dtype": "bf16-autocast", "gradient_checkpointing": True}
 MATH_TASK_OPTIONS: dict[str, dict] = {
-    "qwen3-4b-h100": {"model": "Qwen/Qwen3-4B", "train_data": "deepmath_int",
-                      "eval_data": ["aime24", "aime25", "amc23"], "eval_n": 32, "eval_k": [32],
-                      "prompt": "answer", "enable_thinking": False, "scoring": "pm1"},
-    "qwen3-0.6b-h100": {"model": "Qwen/Qwen3-0.6B", "train_data": "deepmath_int",
-                        "eval_data": ["aime24", "aime25", "amc23"], "eval_n": 32, "eval_k": [32],
-                        "prompt": "answer", "enable_thinking": False, "scoring": "pm1"},
+    "qwen3-4b-h100": {"model": "Qwen/Qwen3-4B", **_PAPER_TASK},
+    "qwen3-0.6b-h100": {"model": "Qwen/Qwen3-0.6B", **_PAPER_TASK},
 }
 MATH_TASK_OPTIONS["qwen3-4b-h100-4k"] = MATH_TASK_OPTIONS["qwen3-4b-h100"]
 MATH_TASK_OPTIONS["qwen3-4b-h100-8k"] = MATH_TASK_OPTIONS["qwen3-4b-h100"]
+MATH_TASK_OPTIONS["math"] = MATH_TASK_OPTIONS["qwen3-4b-h100"]
 
-VLLM_ENGINE_OPTIONS: dict[str, dict] = {
-    # see docs/memory_budget_qwen3_4b_h100.md: with the trainer state kept on the GPU during rollout
-    # vLLM gets 0.41 of the GPU; a trainer that moves its state to CPU memory can give it 0.90.
-    name: {"gpu_memory_utilization": 0.4, "sleep_level": 1} for name in MATH_PRESETS
-}
+# The vLLM engine's settings for these presets are its Options defaults (rpg_ref/engines/vllm_engine.py:
+# gpu_memory_utilization 0.4, the memory budget's "trainer state kept on the GPU" column; sleep level 1).
+
+
+def trainer_presets() -> dict[str, dict]:
+    """MATH_PRESETS with MATH_TASK_OPTIONS merged in as "math_<option>" keys: rpg_ref.train's PRESETS
+    format (the trainer adds these to its own presets; the values live only here)."""
+    return {name: {**p, **{f"math_{k}": v for k, v in MATH_TASK_OPTIONS[name].items()}}
+            for name, p in MATH_PRESETS.items()}

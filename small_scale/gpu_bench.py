@@ -1,0 +1,226 @@
+"""GPU benchmark of `rpg-train --task math`: Qwen3-0.6B / 1.7B / 4B at 2K-token responses, HF engine.
+
+    python small_scale/gpu_bench.py                          # all three, writes small_scale/results/gpu.json
+    python small_scale/gpu_bench.py --models qwen3-0.6b --steps 4
+
+Needs a CUDA GPU (refuses to run without one). Each model is built from its shared config
+(shared/data/models/<name>/config.json) with random weights and the real Qwen3 tokenizer, and
+trained for --steps training steps of the math task (deepmath_int problems, the paper's prompt,
+rpg-reinforce-urkl with RPG-Style Clip) in a fresh child process, with fp32 master weights and
+bf16 autocast, gradient checkpointing, and the HF `generate` engine. Random weights almost never
+emit EOS, so every response runs to --max-new-tokens (2048): the step is a full-length 2K step.
+Checkpoints, the HF export and evaluation are switched off (they are not what is measured, and
+a 4B checkpoint with its AdamW state is 48 GB of disk).
+
+Per model, from the trainer's metrics.jsonl, the first step dropped as warm-up (CUDA kernels,
+allocator) and the median of the rest reported:
+    step_time_s           time_step (rollout + scoring + log-probs + update)
+    gen_tokens_per_s      generated tokens / rollout seconds
+    train_tokens_per_s    response tokens through the optimizer loop / update seconds
+    peak_gpu_mem_gib      max over steps of torch.cuda.max_memory_allocated (reset every step)
+    mfu_step, mfu_generation, mfu_training   model-FLOPs utilization against the GPU's dense
+                          bf16 peak (--peak-tflops, or looked up from the device name):
+
+        FLOPs(step) = 6 N T_train + 2 N T_logprob + 2 N T_gen
+        MFU = FLOPs / (seconds * peak)
+
+    N = parameters of the model (tied embeddings counted once: the lm_head matmul costs 2 N_embed
+    per token, the embedding lookup nothing); T_train = response tokens processed by the
+    optimizer (forward + backward: 6 N per token), T_logprob = response tokens of the batch in
+    the no-grad pi_old log-prob pass (2 N), T_gen = generated tokens (2 N). Prompt tokens,
+    attention's sequence-length term and the gradient-checkpointing recompute are not counted,
+    so these are lower bounds of the hardware utilization (the usual MFU convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# micro-batch (sequences per forward/backward) and HF generate chunk (sequences per generate call),
+# sized for 80 GB. 4B during generation: fp32 weights 16 GB + AdamW 32 GB + gradients 16 GB (the
+# trainer keeps the last step's gradients) + autocast's bf16 weight copy 8 GB + KV cache
+# 8 x 2.3K tokens x 144 KiB = 2.6 GB; the fp32 logits of one 2K micro-batch are ~1.2 GB per copy.
+MODELS = {
+    "qwen3-0.6b": {"micro": 4, "chunk": 32},
+    "qwen3-1.7b": {"micro": 2, "chunk": 32},
+    "qwen3-4b": {"micro": 1, "chunk": 8},
+}
+# dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4,
+                    "GH200": 989.4, "A100": 312.0, "L40S": 362.05}
+
+
+# ---------------------------------------------------------------------------- pure arithmetic
+def peak_bf16_tflops(device_name: str) -> float:
+    """Dense bf16 peak of a GPU from its torch.cuda device name (most specific match first)."""
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
+        if key.lower() in device_name.lower():
+            return PEAK_BF16_TFLOPS[key]
+    raise ValueError(f"no known bf16 peak for GPU {device_name!r}: pass --peak-tflops")
+
+
+def step_flops(n_params: int, train_tokens: float, logprob_tokens: float, gen_tokens: float) -> dict:
+    """Model FLOPs of one step by phase (module docstring): 6N per trained token, 2N per
+    log-prob-pass token and per generated token."""
+    for name, v in (("n_params", n_params), ("train_tokens", train_tokens),
+                    ("logprob_tokens", logprob_tokens), ("gen_tokens", gen_tokens)):
+        if not v >= 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    out = {"training": 6.0 * n_params * train_tokens, "logprob": 2.0 * n_params * logprob_tokens,
+           "generation": 2.0 * n_params * gen_tokens}
+    out["step"] = out["training"] + out["logprob"] + out["generation"]
+    return out
+
+
+def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
+    """Achieved FLOP/s over the peak: flops / (seconds * peak_tflops * 1e12)."""
+    if not (seconds > 0 and peak_tflops > 0):
+        raise ValueError(f"need seconds > 0 and peak_tflops > 0, got {seconds}, {peak_tflops}")
+    return flops / (seconds * peak_tflops * 1e12)
+
+
+def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float, warmup: int = 1) -> dict:
+    """Benchmark numbers from metrics.jsonl rows: medians over the steps after `warmup`."""
+    rows = rows[warmup:]
+    if not rows:
+        raise ValueError(f"need more than {warmup} step(s) to report anything")
+    per_step = []
+    for r in rows:
+        gen_tok = r["gen_tokens_per_s"] * r["time_rollout"]
+        train_tok = r["train_tokens_per_s"] * r["time_update"]
+        lp_tok = r["response_len"] * batch
+        f = step_flops(n_params, train_tok, lp_tok, gen_tok)
+        per_step.append({
+            "step_time_s": r["time_step"],
+            "gen_tokens_per_s": r["gen_tokens_per_s"],
+            "train_tokens_per_s": r["train_tokens_per_s"],
+            "mfu_step": mfu(f["step"], r["time_step"], peak_tflops),
+            "mfu_generation": mfu(f["generation"], r["time_rollout"], peak_tflops),
+            "mfu_training": mfu(f["training"], r["time_update"], peak_tflops),
+            "response_len": r["response_len"],
+            "time_rollout_s": r["time_rollout"], "time_logprob_s": r["time_logprob"],
+            "time_update_s": r["time_update"],
+        })
+    out = {k: statistics.median(s[k] for s in per_step) for k in per_step[0]}
+    out["peak_gpu_mem_gib"] = max(r["peak_mem_mb"] for r in rows) / 1024
+    out["steps_measured"] = len(rows)
+    return out
+
+
+# ---------------------------------------------------------------------------- running
+def train_argv(name: str, args, out: Path) -> list:
+    from rpg_ref.math_data import data_dir
+
+    m = MODELS[name]
+    batch = args.prompts * args.group
+    return ["--task", "math", "--engine", "hf", "--device", "cuda", "--out", str(out),
+            "--math-model", str(data_dir() / "models" / name / "config.json"),
+            "--math-dtype", "bf16-autocast", "--math-gradient-checkpointing", "--math-eval-n", "0",
+            "--no-math-export", "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
+            "--group-size", str(args.group), "--mini-batch-size", str(batch // args.updates),
+            "--micro-batch-size", str(m["micro"]), "--hf-chunk", str(m["chunk"]),
+            "--max-new-tokens", str(args.max_new_tokens), "--overlong-buffer", "0",
+            "--no-dynamic-sampling", "--lr", "1e-6", "--no-progress"]
+
+
+def run_one(name: str, args, result_file: Path) -> None:
+    """Child process: train one model (checkpoints off) and write its numbers to result_file."""
+    from rpg_ref import train
+
+    train.save_checkpoint = lambda *a, **k: None  # benchmark: no 16-48 GB checkpoint writes
+    with tempfile.TemporaryDirectory(prefix=f"gpu-bench-{name}-") as tmp:
+        cfg = train.parse_config(train_argv(name, args, Path(tmp) / "run"))
+        s = train.train(cfg)
+        rows = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    import torch
+
+    res = summarize(rows, s["model_params"], args.prompts * args.group, args.peak_tflops)
+    res.update(params=s["model_params"], raw_steps=rows, device=torch.cuda.get_device_name(0))
+    result_file.write_text(json.dumps(res))
+
+
+def main(argv: list | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--steps", type=int, default=3, help="training steps per model (the first is warm-up)")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    ap.add_argument("--group", type=int, default=8, help="responses per prompt")
+    ap.add_argument("--updates", type=int, default=2, help="optimizer steps per training step")
+    ap.add_argument("--max-new-tokens", type=int, default=2048)
+    ap.add_argument("--peak-tflops", type=float, default=0.0,
+                    help="the GPU's dense bf16 peak (0 = look it up from the device name)")
+    ap.add_argument("--out", default=str(REPO / "small_scale" / "results" / "gpu.json"))
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: child process
+    ap.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_bench: no CUDA GPU is available (torch.cuda.is_available() is False); this "
+              "benchmark measures GPU step time, throughput, MFU and memory and cannot run on a "
+              "CPU-only machine", file=sys.stderr)
+        return 2
+    if args.steps < 2 or args.prompts < 1 or args.group < 2 or args.updates < 1:
+        print("gpu_bench: need --steps >= 2 (one warm-up), --prompts >= 1, --group >= 2, "
+              "--updates >= 1", file=sys.stderr)
+        return 2
+    if (args.prompts * args.group) % args.updates:
+        print(f"gpu_bench: {args.prompts} x {args.group} responses do not split into "
+              f"{args.updates} optimizer steps", file=sys.stderr)
+        return 2
+    if not args.peak_tflops:
+        try:
+            args.peak_tflops = peak_bf16_tflops(torch.cuda.get_device_name(0))
+        except ValueError as e:
+            print(f"gpu_bench: {e}", file=sys.stderr)
+            return 2
+    if args.one:
+        run_one(args.one, args, Path(args.result_file))
+        return 0
+
+    results = {}
+    for name in args.models:  # a fresh process per model: clean CUDA memory and peak counters
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                   "--one", name, "--result-file", f.name, "--peak-tflops", str(args.peak_tflops)]
+            t0 = time.time()
+            rc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "0"},
+                                check=False).returncode
+            if rc != 0:
+                results[name] = {"error": f"child exited with {rc}"}
+                continue
+            results[name] = {**json.loads(Path(f.name).read_text()), "wall_s": time.time() - t0}
+        r = results[name]
+        print(f"{name}: {r['params'] / 1e9:.2f}B  step {r['step_time_s']:.1f}s  gen "
+              f"{r['gen_tokens_per_s']:.0f} tok/s  train {r['train_tokens_per_s']:.0f} tok/s  MFU "
+              f"{100 * r['mfu_step']:.1f}%  peak {r['peak_gpu_mem_gib']:.1f} GiB", flush=True)
+    import transformers
+
+    payload = {
+        "command": "python small_scale/gpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "train_argv_example": train_argv(args.models[0], args, Path("OUT")),
+        "device": torch.cuda.get_device_name(0), "peak_bf16_tflops": args.peak_tflops,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "flops_formula": "FLOPs(step) = 6 N T_train + 2 N T_logprob + 2 N T_gen; MFU = FLOPs / "
+                         "(seconds * peak); prompt tokens, attention and recompute not counted",
+        "settings": {k: getattr(args, k) for k in ("steps", "prompts", "group", "updates", "max_new_tokens")},
+        "models": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(payload, indent=1))
+    print(f"wrote {args.out}")
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

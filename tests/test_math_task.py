@@ -1,0 +1,324 @@
+"""The math task (rpg_ref/math_task.py) on a tiny random Qwen3 with the real Qwen3 tokenizer and the
+real AIME/AMC problems: end-to-end training, resume, export, rpg-eval; prompts, rewards, the policy
+wrapper's precision and gradient checkpointing; refusals of bad options."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from rpg_ref import train
+from rpg_ref.math_data import data_dir
+
+CONFIG = data_dir() / "models" / "qwen3-0.6b" / "config.json"
+TOKENIZER = data_dir() / "tokenizer" / "qwen3"
+NEEDED = [CONFIG, TOKENIZER, data_dir() / "eval" / "aime24.jsonl", data_dir() / "eval" / "amc23.jsonl"]
+pytestmark = pytest.mark.skipif(
+    not all(p.exists() for p in NEEDED),
+    reason=f"shared data absent ({', '.join(str(p) for p in NEEDED if not p.exists())}): set "
+    f"RPG_DATA_DIR to the folder holding eval/, models/ and tokenizer/",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> str:
+    """Qwen3-0.6B's config shrunk to 2 layers, width 64 (about 10M parameters, 9.7M of them the
+    embedding): the real vocabulary, so the real tokenizer and chat template work."""
+    d = json.loads(CONFIG.read_text())
+    d.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    path = tmp_path_factory.mktemp("tiny") / "tiny-qwen3.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def _argv(model: str, out: Path, *extra) -> list:
+    return ["--task", "math", "--math-model", model, "--math-train-data", "amc23",
+            "--math-eval-data", "aime24", "--math-eval-limit", "2", "--math-eval-n", "2",
+            "--math-eval-k", "1", "2", "--math-checker", "normalizer", "--steps", "2",
+            "--prompts-per-step", "2", "--group-size", "2", "--mini-batch-size", "2",
+            "--max-new-tokens", "4", "--overlong-buffer", "0", "--no-dynamic-sampling",
+            "--device", "cpu", "--out", str(out), "--no-progress",
+            # the `math` preset's bf16 autocast + checkpointing are for GPUs (tested separately below)
+            "--math-dtype", "float32", "--no-math-gradient-checkpointing", "--micro-batch-size", "0",
+            "--threads", "1",  # 2 shared cores: one thread is several times faster for this tiny model
+            *extra]
+
+
+def _cfg(tiny_config, tmp_path, *extra):
+    return train.parse_config(_argv(tiny_config, tmp_path / "run", *extra))
+
+
+def _assert_same_weights(exported: dict, trained: dict) -> None:
+    """HF export (tied embeddings saved once, as embed_tokens) == trainer checkpoint (MathPolicy's
+    names, prefix "module.", the tied tensor saved once as lm_head)."""
+    assert len(exported) == len(trained)
+    for name, t in exported.items():
+        key = "module." + name
+        if key not in trained and name == "model.embed_tokens.weight":
+            key = "module.lm_head.weight"
+        assert torch.equal(t, trained[key]), name
+
+
+def _rows(out: Path) -> list:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------
+# end to end: 2 steps, resume, export, rpg-eval
+# ------------------------------------------------------------------------------------------
+
+
+def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_config, tmp_path, capsys):
+    """`rpg-train --task math` runs 2 steps on the tiny random Qwen3 (real tokenizer, AMC23
+    training problems, AIME24 evaluation): metrics.jsonl holds steps 1 and 2 with finite values,
+    the evaluation at the last step logs Mean@k / Pass@k, a checkpoint and the HF export exist
+    and hold the same weights; `--resume` adds step 3; `rpg-eval` runs on the export; the export
+    command rebuilds the same weights from the trainer checkpoint."""
+    from safetensors.torch import load_file
+
+    from rpg_ref import evaluation
+    from rpg_ref.math_task import main as math_task_main
+
+    out = tmp_path / "run"
+    assert train.main(_argv(tiny_config, out)) == 0
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        bad = {k: v for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, f"non-finite metrics at step {r['step']}: {bad}"
+        # 4 random tokens never hold an "Answer:" line: every response scores -1 (pm1), so the
+        # group baseline gives zero advantages and the surrogate loss is exactly 0
+        assert r["reward"] == -1.0 and r["accuracy"] == 0.0 and r["response_len"] == 4.0, r
+        assert r["updates"] == 2 and r["loss"] == 0.0
+        assert r["logprob_diff_max"] < 1e-4
+    for key in ("eval_aime24_mean@1", "eval_aime24_pass@1", "eval_aime24_mean@2", "eval_aime24_pass@2"):
+        assert key in rows[1] and 0.0 <= rows[1][key] <= 1.0, key
+    assert rows[1]["eval_aime24_response_len"] == 4.0
+    ckpt = out / "checkpoints" / (out / "checkpoints" / "LATEST").read_text().strip()
+    assert ckpt.name == "step_000002" and (ckpt / "model.safetensors").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["train_problems"] == 40 and summary["train_problems_dropped_long_prompt"] == 0
+    assert summary["hf_export"] == str(out / "hf")
+
+    exported = load_file(out / "hf" / "model.safetensors")
+    _assert_same_weights(exported, load_file(ckpt / "model.safetensors"))
+
+    # resume: one more step, the stored config (task options included) is reused
+    assert train.main(["--resume", str(out), "--steps", "3", "--no-progress"]) == 0
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3]
+
+    # rpg-eval on the exported checkpoint (config, weights and tokenizer in OUT/hf)
+    capsys.readouterr()
+    res_path = tmp_path / "eval.json"
+    assert evaluation.main(["--model", str(out / "hf"), "--data", "amc23", "--limit", "2", "--n", "2",
+                            "--k", "1", "2", "--max-new-tokens", "4", "--device", "cpu",
+                            "--backend", "normalizer", "--out", str(res_path)]) == 0
+    assert "amc23" in capsys.readouterr().out
+    r = json.loads(res_path.read_text())["results"]["amc23"]
+    assert r["problems"] == 2 and r["n"] == 2 and r["check_stats"]["checked"] == 4
+
+    # the export command: trainer checkpoint (now step 3) -> HF folder with the same weights
+    assert math_task_main(["export", str(out), str(tmp_path / "exp")]) == 0
+    again = load_file(tmp_path / "exp" / "model.safetensors")
+    assert again.keys() == exported.keys()
+    _assert_same_weights(again, load_file(out / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert math_task_main(["export", str(tmp_path / "nothing")]) == 2
+
+
+# ------------------------------------------------------------------------------------------
+# prompts and rewards
+# ------------------------------------------------------------------------------------------
+
+
+def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_config, tmp_path):
+    """sample_prompts(n) draws n distinct training problems from the trainer's generator (same
+    seed -> same draw); each prompt is the chat template of the paper's instruction + problem +
+    reminder, ending with Qwen3's non-thinking assistant header; --math-prompt boxed gives the
+    \\boxed{} variant and --math-enable-thinking drops the empty think block."""
+    from rpg_ref.math_reward import PAPER_INSTRUCTION, PAPER_REMINDER
+    from rpg_ref.math_task import MathTask
+
+    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0"), torch.device("cpu"))
+    ps = task.sample_prompts(8, torch.Generator().manual_seed(3))
+    again = task.sample_prompts(8, torch.Generator().manual_seed(3))
+    assert [p.ids for p in ps] == [p.ids for p in again]
+    golds = {p.problem: p.answer for p, _ in task.train}
+    texts = [task.tokenizer.decode(p.ids) for p in ps]
+    assert len(set(texts)) == 8
+    for p, text in zip(ps, texts):
+        assert text.startswith("<|im_start|>user\n" + PAPER_INSTRUCTION + "\n\n")
+        assert text.endswith(PAPER_REMINDER + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        problem = text[len("<|im_start|>user\n" + PAPER_INSTRUCTION + "\n\n"):].split("\n\n" + PAPER_REMINDER)[0]
+        assert golds[problem] == p.answer
+    boxed = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-prompt", "boxed",
+                          "--math-enable-thinking"), torch.device("cpu"))
+    text = boxed.tokenizer.decode(boxed.sample_prompts(1, torch.Generator().manual_seed(0))[0].ids)
+    assert "\\boxed{answer}" in text and PAPER_INSTRUCTION not in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("scoring,right,wrong", [("pm1", 1.0, -1.0), ("binary", 1.0, 0.0)])
+def test_reward_of_decoded_responses(tiny_config, tmp_path, scoring, right, wrong):
+    """task.reward decodes token ids with the real tokenizer and checks the final answer: the gold
+    answer on the last 'Answer:' line (AMC23's float golds such as 27.0 written as integers, with
+    the EOS token kept) scores `right`, a wrong number or no answer line scores `wrong`;
+    correct is True exactly for the former."""
+    from rpg_ref.math_task import MathTask
+
+    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-scoring", scoring),
+                    torch.device("cpu"))
+    probs = [p for p, _ in task.train[:6]]
+    tok = task.tokenizer
+    texts = []
+    for p in probs:
+        g = int(float(p.answer))
+        texts += [f"We compute.\nAnswer: {g}", f"Answer: {g + 1}", "I do not know."]
+    responses = [tok(t, add_special_tokens=False)["input_ids"] + [task.eos_id] for t in texts]
+    prompts = [train.Prompt(ids=[0], answer=p.answer) for p in probs for _ in range(3)]
+    r, correct = task.reward(prompts, responses)
+    assert r.tolist() == [right, wrong, wrong] * 6
+    assert correct.tolist() == [True, False, False] * 6
+
+
+# ------------------------------------------------------------------------------------------
+# the policy wrapper: precision and gradient checkpointing
+# ------------------------------------------------------------------------------------------
+
+
+def _loss_and_grads(policy, ids):
+    policy.zero_grad(set_to_none=True)
+    out = policy(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=ids.shape[1])
+    loss = torch.log_softmax(out.logits.float(), -1)[0, :-1].gather(-1, ids[0, 1:, None]).sum()
+    loss.backward()
+    return out.logits, {n: p.grad.clone() for n, p in policy.named_parameters()}
+
+
+def test_gradient_checkpointing_recomputes_layers_in_eval_mode_with_identical_gradients(tiny_config):
+    """With --math-gradient-checkpointing each decoder layer runs forward twice per
+    forward+backward (once more in the backward recompute) although the trainer keeps the policy
+    in eval mode, and the gradients are bitwise those without checkpointing (CPU, same kernels)."""
+    from rpg_ref.math_task import MathPolicy, load_hf_model
+
+    torch.manual_seed(0)
+    model = load_hf_model(tiny_config)
+    ids = torch.tensor([[785, 3974, 13876, 38835, 34208, 916, 279, 15678]])
+    counts = []
+    for ckpt in (False, True):
+        policy = MathPolicy(model, "float32", gradient_checkpointing=ckpt).eval()
+        calls = [0]
+
+        def count(*_, calls=calls):
+            calls[0] += 1
+
+        # a pre-hook: the recompute stops early, right after the last saved tensor, so a
+        # post-forward hook of the layer's last block would not see it
+        hook = model.model.layers[0].mlp.register_forward_pre_hook(count)
+        _, grads = _loss_and_grads(policy, ids)
+        hook.remove()
+        counts.append(calls[0])
+        if not ckpt:
+            ref = grads
+        assert not any(m.training for m in policy.modules()), "the policy must stay in eval mode"
+    assert counts == [1, 2]
+    for n, g in grads.items():
+        assert torch.equal(g, ref[n]), n
+
+
+def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
+    """--math-dtype bf16-autocast: parameters (the optimizer's master weights) stay float32 and
+    the forward's matrix products run in bf16 (bf16 logits), in generation too; float32 computes
+    float32 logits; --math-dtype bfloat16 stores bf16 parameters."""
+    from rpg_ref.math_task import MathPolicy, load_hf_model
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[785, 3974, 13876, 38835]])
+    model = load_hf_model(tiny_config)
+    fp32, _ = _loss_and_grads(MathPolicy(model, "float32").eval(), ids)
+    auto = MathPolicy(model, "bf16-autocast").eval()
+    logits, grads = _loss_and_grads(auto, ids)
+    assert fp32.dtype == torch.float32 and logits.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in auto.parameters())
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
+    seq = auto.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2,
+                        do_sample=False, pad_token_id=0)
+    assert seq.shape == (1, 6)
+    assert all(p.dtype == torch.bfloat16 for p in load_hf_model(tiny_config, "bfloat16").parameters())
+
+
+# ------------------------------------------------------------------------------------------
+# refusals
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--math-prompt", "xml"], "--math-prompt must be one of"),
+    (["--math-scoring", "ternary"], "--math-scoring must be one of"),
+    (["--math-dtype", "fp8"], "--math-dtype must be one of"),
+    (["--math-eval-k", "4"], r"--math-eval-k values must be in \[1, eval_n=2\]"),
+    (["--math-eval-temperature", "0"], "greedy"),
+    (["--math-train-limit", "1"], "1 usable problems .* < --prompts-per-step 2"),
+    (["--math-max-prompt-tokens", "10"], "40 dropped as longer than 10 prompt tokens"),
+    (["--math-train-data", "no/such.jsonl"], "does not exist"),
+])
+def test_bad_math_options_are_refused_before_any_work(tiny_config, tmp_path, extra, msg):
+    from rpg_ref.math_task import MathTask
+
+    with pytest.raises(ValueError, match=msg):
+        MathTask(_cfg(tiny_config, tmp_path, *extra), torch.device("cpu"))
+
+
+def test_bad_model_is_refused(tiny_config, tmp_path):
+    """A folder with neither weights nor config.json, and a config whose vocabulary is smaller
+    than the tokenizer's, are refused with a message naming the problem."""
+    from rpg_ref.math_task import MathTask
+
+    (tmp_path / "empty").mkdir()
+    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
+                         str(tmp_path / "empty"), "--math-tokenizer", str(TOKENIZER)), torch.device("cpu"))
+    with pytest.raises(ValueError, match="needs a config.json"):
+        task.build_policy()
+    small = json.loads(Path(tiny_config).read_text()) | {"vocab_size": 1000}
+    (tmp_path / "small.json").write_text(json.dumps(small))
+    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
+                         str(tmp_path / "small.json")), torch.device("cpu"))
+    with pytest.raises(ValueError, match="151669 tokens but the model's embedding has only 1000 rows"):
+        task.build_policy()
+
+
+# ------------------------------------------------------------------------------------------
+# registration in the trainer, and the vLLM engine's view of the policy
+# ------------------------------------------------------------------------------------------
+
+
+def test_trainer_registers_math_vllm_and_the_presets_of_rpg_ref_presets():
+    """rpg-train resolves --task math and --engine vllm (the class, importable without vLLM) and its
+    math presets are exactly rpg_ref.presets.trainer_presets() (one source of truth)."""
+    from rpg_ref.engines.vllm_engine import VLLMEngine
+    from rpg_ref.math_task import MathTask
+    from rpg_ref.presets import trainer_presets
+
+    assert train._resolve(train.TASKS, "math", "task") is MathTask
+    assert train._resolve(train.ENGINES, "vllm", "engine") is VLLMEngine
+    for name, values in trainer_presets().items():
+        assert train.PRESETS[name] == values, name
+    assert train.PRESETS["qwen3-4b-h100"]["engine"] == "vllm" and "engine" not in train.PRESETS["math"]
+
+
+def test_vllm_weight_names_of_the_wrapped_policy_are_the_hf_names(tiny_config):
+    """The vLLM engine's weight mapping turns MathPolicy's parameter names ("module." + HF name)
+    back into the HF checkpoint's names that vLLM's load_weights expects (tied lm_head dropped)."""
+    from rpg_ref.engines.vllm_engine import hf_to_vllm_weights
+    from rpg_ref.math_task import MathPolicy, load_hf_model
+
+    model = load_hf_model(tiny_config)
+    names = [n for n, _ in hf_to_vllm_weights(MathPolicy(model).named_parameters(), True)]
+    assert names == [n for n, _ in model.named_parameters()]
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
