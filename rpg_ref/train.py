@@ -1529,7 +1529,14 @@ def train(cfg: Config) -> dict:
     # --- task, policy (pi_theta; also pi_old through the stored log-probs), optional frozen pi_ref ---
     seed_everything(cfg.seed)
     task = _resolve(TASKS, cfg.task, "task")(cfg, device)
-    policy = task.build_policy().to(device)
+    # build in float32 whatever the caller's torch default dtype is (a float64 default used to make
+    # the seq warm start silently fail); mixed precision is the task's own option (e.g. --math-dtype)
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        policy = task.build_policy().to(device)
+    finally:
+        torch.set_default_dtype(previous_dtype)
     policy.eval()  # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
     ref = None
     if cfg.ref == "init":

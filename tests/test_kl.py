@@ -2,11 +2,12 @@
 
 import math
 
+import pytest
 import torch
 
 from rpg_ref import kl
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")
 
 
 def _measures(seed, K=7):

@@ -12,7 +12,7 @@ import torch
 
 import rpg_ref.losses as L
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")
 
 RPG_FD = ["rpg-fkl", "rpg-rkl", "rpg-ufkl", "rpg-urkl"]
 RPG_RF = ["rpg-reinforce-fkl", "rpg-reinforce-rkl", "rpg-reinforce-ufkl", "rpg-reinforce-urkl"]

@@ -10,7 +10,7 @@ import torch
 
 import rpg_ref.losses as L
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64_default")
 SG = torch.Tensor.detach
 
 

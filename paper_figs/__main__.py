@@ -1,0 +1,58 @@
+"""rpg-figs / python -m paper_figs: regenerate the figures and tables into paper_figs/out/.
+
+    rpg-figs                      every figure (log-based ones need small_scale/logs: committed)
+    rpg-figs --only NAME [...]    some of them (--list shows the names)
+    rpg-figs --out DIR --logs DIR
+    rpg-figs --skip-missing-logs  render what can be rendered when an experiment has no logs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import DEFAULT_OUT, FIGURES, render
+from .training import DEFAULT_LOGS
+
+
+def main(argv: list | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rpg-figs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", metavar="NAME", help="render only these figures")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default paper_figs/out/)")
+    p.add_argument("--logs", default=str(DEFAULT_LOGS), help="small_scale logs folder")
+    p.add_argument("--list", action="store_true", help="list the figures and exit")
+    p.add_argument("--skip-missing-logs", action="store_true",
+                   help="report and skip figures whose experiment has no logs instead of failing")
+    a = p.parse_args(argv)
+    if a.list:
+        for f in FIGURES.values():
+            print(f"{f.name:45s} {f.paper_label}" + (f"  [logs: {f.experiment}]" if f.experiment else ""))
+        return 0
+    names = a.only or list(FIGURES)
+    bad = [n for n in names if n not in FIGURES]
+    if bad:
+        print(f"rpg-figs: unknown figure(s) {bad}; valid: {', '.join(FIGURES)}", file=sys.stderr)
+        return 2
+    skipped = []
+    for n in names:
+        t0 = time.perf_counter()
+        try:
+            paths = render(n, a.out, a.logs)
+        except FileNotFoundError as e:
+            if not a.skip_missing_logs:
+                print(f"rpg-figs: {n}: {e}", file=sys.stderr)
+                return 1
+            skipped.append(n)
+            print(f"SKIPPED {n}: {e}")
+            continue
+        print(f"{n}: {', '.join(str(Path(x)) for x in paths)} ({time.perf_counter() - t0:.1f}s)")
+    if skipped:
+        print(f"skipped (no logs): {', '.join(skipped)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Run a small_scale experiment: every (run, seed) of small_scale/configs/<exp>.json through
+rpg_ref.train, then keep commit-size logs that paper_figs reads.
+
+    python small_scale/run_experiments.py --exp bandit            # ~3 min on 2 CPU cores
+    python small_scale/run_experiments.py --exp seq               # every method, 3 seeds
+    python small_scale/run_experiments.py --exp ablation          # sec:ablation
+    python small_scale/run_experiments.py --exp all --workers 2
+    rpg-figs                                                       # figures + tables from the logs
+
+A config (the one source of truth for an experiment) holds ``common`` trainer flags, ``runs``
+(name -> label and extra flags; flags are rpg-train's, written as JSON keys: "eval_every": 10 is
+``--eval-every 10``), ``seeds``, ``groups`` (figure subsets), ``log_keys`` and ``log_every``. Every
+(run, seed) is parsed by rpg_ref.train.parse_config before anything trains, so a bad config fails
+at once. Full outputs (checkpoints included) go to --runs-dir; small_scale/logs/<exp>/ keeps
+experiment.json, and per run and seed: metrics.jsonl (log_keys only, every log_every steps and
+every evaluation step, floats to 6 significant digits), summary.json and config.json.
+Finished (run, seed) pairs are skipped unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CONFIGS = HERE / "configs"
+EXPERIMENTS = ("bandit", "seq", "ablation")
+SPEC_KEYS = {"description", "paper", "seeds", "common", "runs", "groups", "log_keys", "log_every"}
+
+
+def flags(args: dict) -> list[str]:
+    """{"eval_every": 10, "clip": [0.2, 0.28, 3.0], "progress": False} -> rpg-train argv."""
+    out = []
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, list):
+            out += [flag] + [str(x) for x in v]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def load_spec(exp: str) -> dict:
+    path = CONFIGS / f"{exp}.json"
+    if not path.exists():
+        raise ValueError(f"no config {path}; experiments: {', '.join(EXPERIMENTS)}")
+    spec = json.loads(path.read_text())
+    unknown = set(spec) - SPEC_KEYS
+    missing = {"seeds", "common", "runs", "log_keys"} - set(spec)
+    if unknown or missing:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    if not spec["runs"]:
+        raise ValueError(f"{path}: no runs")
+    for g, members in spec.get("groups", {}).items():
+        bad = [m for m in members if m not in spec["runs"]]
+        if bad:
+            raise ValueError(f"{path}: group {g!r} names unknown runs {bad}")
+    for name, run in spec["runs"].items():
+        if set(run) - {"label", "args"}:
+            raise ValueError(f"{path}: run {name!r} has unknown keys {sorted(set(run) - {'label', 'args'})}")
+        reserved = {"seed", "out", "resume"} & set(run.get("args", {})) | {"seed", "out", "resume"} & set(spec["common"])
+        if reserved:
+            raise ValueError(f"{path}: run {name!r}: {sorted(reserved)} are set by the runner")
+    return spec
+
+
+def argv_for(spec: dict, run: str, seed: int, runs_dir: Path) -> list[str]:
+    args = {**spec["common"], **spec["runs"][run].get("args", {})}
+    return flags(args) + ["--seed", str(seed), "--out", str(runs_dir / run / f"seed{seed}"),
+                          "--cache-dir", str(runs_dir.parent / "cache"), "--no-progress"]
+
+
+def _round(v):
+    if isinstance(v, float):
+        return float(f"{v:.6g}")
+    return v
+
+
+def trim_metrics(src: Path, keys: list, every: int) -> str:
+    rows = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    last = rows[-1]["step"]
+    out = []
+    for r in rows:
+        if r["step"] % every == 0 or r["step"] == last or any(k.startswith("eval_") for k in r):
+            out.append(json.dumps({k: _round(r[k]) for k in keys if k in r}, separators=(",", ":")))
+    return "\n".join(out) + "\n"
+
+
+def run_one(job: tuple) -> tuple:
+    """Train one (run, seed) in this process; copy its trimmed logs. Returns (run, seed, seconds)."""
+    exp, run, seed, argv, log_dir, keys, every = job
+    from rpg_ref.train import parse_config, train
+    t0 = time.perf_counter()
+    out = Path(argv[argv.index("--out") + 1])
+    if out.exists():
+        shutil.rmtree(out)                           # --force or a half-finished run: start clean
+    cfg = parse_config(argv)
+    train(cfg)
+    wall = time.perf_counter() - t0
+    dst = Path(log_dir) / exp / run / f"seed{seed}"
+    dst.mkdir(parents=True, exist_ok=True)
+    out = Path(cfg.out)
+    (dst / "metrics.jsonl").write_text(trim_metrics(out / "metrics.jsonl", keys, every))
+    summary = json.loads((out / "summary.json").read_text())
+    summary["runner_wall_time_s"] = wall
+    (dst / "summary.json").write_text(json.dumps(summary, indent=1))
+    shutil.copy(out / "config.json", dst / "config.json")
+    return run, seed, wall
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--exp", required=True, choices=EXPERIMENTS + ("all",))
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the config's)")
+    ap.add_argument("--workers", type=int, default=1, help="parallel training processes")
+    ap.add_argument("--only", nargs="+", metavar="RUN", help="only these runs of the config")
+    ap.add_argument("--force", action="store_true", help="rerun (run, seed) pairs that already have logs")
+    ap.add_argument("--logs", default=str(HERE / "logs"), help="where the commit-size logs go")
+    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "small_scale"), help="full trainer outputs")
+    a = ap.parse_args(argv)
+    if a.seeds is not None and a.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {a.seeds}")
+    if a.workers < 1:
+        ap.error(f"--workers must be >= 1, got {a.workers}")
+
+    from rpg_ref.train import parse_config
+    exps = EXPERIMENTS if a.exp == "all" else (a.exp,)
+    jobs, specs, pairs = [], {}, 0
+    for exp in exps:                                  # validate everything before training anything
+        spec = specs[exp] = load_spec(exp)
+        runs = a.only or list(spec["runs"])
+        bad = [r for r in runs if r not in spec["runs"]]
+        if bad:
+            ap.error(f"{exp}: unknown runs {bad}; runs: {list(spec['runs'])}")
+        for run in runs:
+            for seed in range(a.seeds or spec["seeds"]):
+                av = argv_for(spec, run, seed, Path(a.runs_dir) / exp)
+                probe = argv_for(spec, run, seed, Path(a.runs_dir) / ".validate-only" / exp)
+                try:
+                    parse_config(probe)                  # same flags, an --out that does not exist
+                except (ValueError, SystemExit) as e:
+                    raise SystemExit(f"{exp}/{run} seed {seed}: bad trainer flags {av}: {e}") from None
+                pairs += 1
+                done = (Path(a.logs) / exp / run / f"seed{seed}" / "summary.json").exists()
+                if a.force or not done:
+                    jobs.append((exp, run, seed, av, a.logs, spec["log_keys"], spec.get("log_every", 1)))
+
+    for exp, spec in specs.items():
+        d = Path(a.logs) / exp
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "experiment.json").write_text(json.dumps(spec, indent=1))
+
+    print(f"{pairs} (run, seed) pairs, {len(jobs)} to train, {a.workers} worker(s)", flush=True)
+    t0 = time.perf_counter()
+    walls = []
+    if a.workers == 1:
+        results = map(run_one, jobs)
+    else:
+        import multiprocessing as mp
+        pool = ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn"))
+        results = pool.map(run_one, jobs)
+    for i, (run, seed, wall) in enumerate(results, 1):
+        walls.append(wall)
+        print(f"[{i}/{len(jobs)}] {run} seed {seed}: {wall:.1f}s (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
+    total = time.perf_counter() - t0
+
+    info = {"command": "python small_scale/run_experiments.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "wall_time_s": round(total, 1), "runs_trained": len(jobs), "sum_run_wall_time_s": round(sum(walls), 1),
+            "workers": a.workers, "machine": f"{platform.machine()} {platform.processor() or ''} "
+                                              f"{os.cpu_count()} CPU cores, {platform.system()}",
+            "python": platform.python_version()}
+    for exp in specs:
+        p = Path(a.logs) / exp / "last_invocation.json"
+        p.write_text(json.dumps(info, indent=1))
+    print(f"done in {total:.0f}s; logs in {a.logs}; now: rpg-figs (or python -m paper_figs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
