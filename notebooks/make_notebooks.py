@@ -431,7 +431,7 @@ display(Image(str(clip_shapes.plot_rpg_style_clip(d, FIG_DIR)[0])))
 In the paper's *training* setting $\pi_{ref} = \pi_{old}$, $C_{KL}$ moves with $w$ (it is constant only for
 FKL, where it equals $+\beta$). The clipped segments then have zero gradient but a sloping value:
 the value depends on $\theta$ only through stop-gradient quantities
-(paper_figs/NOTES_FOR_ERRATA.md, N1).
+(derivations/ERRATA.md, E9).
 """),
     code("""
 d = clip_shapes.rpg_style_clip_natural_data()

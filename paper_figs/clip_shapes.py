@@ -28,7 +28,7 @@ fig:offpolicy_rpg_rf_ppo_dualclip_v1 (Algorithm alg:offpolicy_rpg_rf_ppo_dualcli
 
 c: the paper's figures use c = 2.25 (their TikZ comments say 2.0); the algorithms only require
 c > 1, verl's default clip_ratio_c is 3 and the paper's scripts use 10. We draw c = 3
-(DEFAULT_C), inside the plotted range; see paper_figs/NOTES_FOR_ERRATA.md.
+(DEFAULT_C), inside the plotted range; see derivations/ERRATA.md (E9, E10).
 """
 
 from __future__ import annotations
