@@ -955,7 +955,21 @@ class _RecordLogprobs:
         return torch.cat(self.out, 1)  # [B, T]
 
 
-class HFEngine:
+class _InProcessEngine:
+    """An engine that samples with the policy module itself: there are no weights to sync and no
+    separate memory to release, so the Engine hooks do nothing."""
+
+    def sync_weights(self, policy):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass
+
+
+class HFEngine(_InProcessEngine):
     """transformers ``generate`` on the policy module itself (colocated: nothing to sync)."""
 
     @dataclass
@@ -1017,17 +1031,8 @@ class HFEngine:
         self.policy.train(was_training)
         return Generation(responses, logprobs)
 
-    def sync_weights(self, policy):
-        pass
 
-    def sleep(self):
-        pass
-
-    def wake(self):
-        pass
-
-
-class SampleEngine:
+class SampleEngine(_InProcessEngine):
     """A plain autoregressive sampler on any policy module (no KV cache; used for the bandit)."""
 
     def __init__(self, policy, task, cfg):
@@ -1074,15 +1079,6 @@ class SampleEngine:
         responses = [_cut(r, self.task.eos_id) for r in T]
         logprobs = None if temperature == 0 else [lp[: len(r)] for lp, r in zip(L, responses)]
         return Generation(responses, logprobs)
-
-    def sync_weights(self, policy):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake(self):
-        pass
 
 
 ENGINES: dict[str, Any] = {
