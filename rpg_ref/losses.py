@@ -77,13 +77,21 @@ Numerics and implementation:
     against autograd through the literal formulas). This saves autograd's per-op memory passes.
     Only first derivatives are available; a double backward raises.
   * Losses are computed in at least float32 (bf16/fp16 inputs are upcast).
-  * ``RPG_REF_COMPILE=1`` fuses the kernel with torch.compile for large inputs (same function).
+  * Input checks that need the data (non-finite values, a mask that is not 0/1, empty rows) are
+    reduced inside the kernel and raised before anything is returned.
+  * Inputs with at least FUSE_MIN_NUMEL entries run the kernel fused by torch.compile (the same
+    Python function traced, not a second implementation; sizes dynamic, a few seconds to compile
+    each setting on first use). ``RPG_REF_COMPILE=0`` always runs it eagerly, ``=1`` insists on
+    fusing; the default ``auto`` warns once and runs eagerly where torch.compile cannot (no C++
+    compiler on CPU, no triton on CUDA). Fused and eager agree to float rounding (tested).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -129,21 +137,6 @@ def get_loss(name: str) -> Callable:
 # input checking and the per-unit view
 # ---------------------------------------------------------------------------
 
-@dataclass
-class _Units:
-    """Detached per-unit tensors: a unit is a token ([B, T]) or a whole sequence ([B, 1])."""
-    lw: Tensor               # log w
-    lr: Tensor               # log rho (the same tensor as lw when pi_ref = pi_old)
-    lu: Optional[Tensor]     # log u = log pi_ref - log pi_old; None when pi_ref = pi_old
-    ell: Tensor              # ell = -log pi_theta(x)
-    adv: Tensor              # A broadcast to units: [B, 1] or [B, T]
-    agg_w: Tensor            # aggregation weights: loss = sum(unit_loss * agg_w)
-    unit_w: Tensor           # weights of a plain mean over valid units (for stats)
-    tok_lw: Tensor           # token-level log w (the kl_old statistic is per token)
-    tok_w: Tensor            # token-mean weights
-    mask: Tensor             # [B, T] float
-
-
 def _check_tensor(name: str, x, ndim_ok: tuple) -> None:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -152,16 +145,8 @@ def _check_tensor(name: str, x, ndim_ok: tuple) -> None:
                          f"got shape {tuple(x.shape)}")
 
 
-def _check_finite(named: dict) -> None:
-    # One reduction per tensor; a non-finite sum means a non-finite (or absurdly large) entry.
-    for name, x in named.items():
-        if x is not None and not math.isfinite(float(x.detach().sum())):
-            bad = (~torch.isfinite(x.detach())).nonzero()
-            where = f" at index {tuple(bad[0].tolist())}" if len(bad) else " (entries too large to sum)"
-            raise ValueError(f"{name} has non-finite values{where}")
-
-
 def _parse_clip(clip) -> Optional[tuple]:
+    """(eps_low, eps_high[, c]) -> (1 - eps_low, 1 + eps_high, c or None), checked."""
     if clip is None:
         return None
     if not isinstance(clip, (tuple, list)) or len(clip) not in (2, 3):
@@ -174,11 +159,11 @@ def _parse_clip(clip) -> Optional[tuple]:
         raise ValueError(f"clip eps_high must be > 0 and finite, got {eps_high}")
     if c is not None and not (c > 1.0):
         raise ValueError(f"clip c (dual-clip bound) must be > 1 (or None to disable), got {c}")
-    return (eps_low, eps_high, math.inf if c is None else c)
+    return (1.0 - eps_low, 1.0 + eps_high, c if c is not None and math.isfinite(c) else None)
 
 
-def _prepare(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg) -> tuple[_Units, Optional[tuple]]:
-    # --- shapes, options, values: all checked before any arithmetic ---
+def _validate(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg) -> Optional[tuple]:
+    """Everything that can be checked without reading the data: shapes, dtypes, options."""
     _check_tensor("logp", logp, (2,))
     _check_tensor("old_logp", old_logp, (2,))
     _check_tensor("advantages", advantages, (1, 2))
@@ -206,53 +191,37 @@ def _prepare(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg)
         raise ValueError(f"logp must be floating point, got {logp.dtype}")
     if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    clip = _parse_clip(clip)
-    if mask.dtype != torch.bool:
-        if not mask.is_floating_point() and mask.dtype not in (torch.int64, torch.int32, torch.uint8, torch.int8):
-            raise ValueError(f"mask must be bool, integer or float, got {mask.dtype}")
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError("mask must contain only 0 and 1")
-    _check_finite({"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp})
+    if mask.dtype != torch.bool and not mask.is_floating_point() and \
+            mask.dtype not in (torch.int64, torch.int32, torch.uint8, torch.int8):
+        raise ValueError(f"mask must be bool, integer or float, got {mask.dtype}")
+    return _parse_clip(clip)
 
-    dt = torch.promote_types(logp.dtype, torch.float32)
-    m = mask.to(dt)                                              # [B, T]
-    n_tok = m.sum(1)                                             # [B]
-    if bool((n_tok == 0).any()):
-        raise ValueError(f"mask row {int((n_tok == 0).nonzero()[0])} has no tokens; drop empty responses")
-    lp = logp.detach().to(dt)
-    old = old_logp.detach().to(dt)
-    ref = None if ref_logp is None else ref_logp.detach().to(dt)
-    adv = advantages.detach().to(dt)
 
-    tok_lw = lp - old                                            # [B, T]
-    tok_w = m / n_tok.sum()                                      # [B, T] token-mean weights
-    if level == "token":
-        lw = tok_lw
-        lr = lw if ref is None else lp - ref
-        lu = None if ref is None else ref - old
-        ell = -lp
-        adv_u = adv[:, None] if adv.dim() == 1 else adv          # [B, 1] or [B, T]
-        unit_w = tok_w
-        if agg == "token-mean":
-            agg_w = tok_w
-        elif agg == "seq-mean-token-mean":
-            agg_w = m / (n_tok[:, None] * B)
-        else:
-            agg_w = m / B
-    else:
-        lw = (tok_lw * m).sum(1, keepdim=True)                    # [B, 1] log of the whole-response ratio
-        lr = lw if ref is None else ((lp - ref) * m).sum(1, keepdim=True)
-        lu = None if ref is None else ((ref - old) * m).sum(1, keepdim=True)
-        ell = -(lp * m).sum(1, keepdim=True)                     # [B, 1]
-        adv_u = adv[:, None]                                     # [B, 1]
-        unit_w = torch.full((B, 1), 1.0 / B, dtype=dt, device=logp.device)
-        if agg == "token-mean":
-            agg_w = torch.full((B, 1), 1.0, dtype=dt, device=logp.device) / n_tok.sum()
-        elif agg == "seq-mean-token-mean":
-            agg_w = (1.0 / (n_tok * B))[:, None]
-        else:
-            agg_w = unit_w
-    return _Units(lw, lr, lu, ell, adv_u, agg_w, unit_w, tok_lw, tok_w, m), clip
+def _raise_on_bad_data(checks: Tensor, logp, old_logp, advantages, mask, ref_logp) -> None:
+    """Raise the ValueError that the kernel's data checks flagged, naming the argument.
+
+    ``checks`` = [entries of mask not 0/1, sum of all log-ratios and advantages, empty rows],
+    reduced by the kernel in the same pass as the loss: one host sync instead of one pass and
+    one sync per input. Nothing computed from bad data is returned.
+    """
+    mask_bad, total, n_empty = checks.tolist()
+    if mask_bad:
+        raise ValueError("mask must contain only 0 and 1")
+    if not math.isfinite(total):
+        # log p - log q is finite iff both are, so a non-finite total means a non-finite input
+        # (or finite entries so large that their sum overflows): find and name it.
+        named = (("logp", logp), ("old_logp", old_logp), ("advantages", advantages), ("ref_logp", ref_logp))
+        for name, x in named:
+            if x is not None:
+                bad = (~torch.isfinite(x.detach())).nonzero()
+                if len(bad):
+                    raise ValueError(f"{name} has non-finite values at index {tuple(bad[0].tolist())}")
+        name, x = max(((n, x) for n, x in named if x is not None), key=lambda nx: float(nx[1].detach().abs().max()))
+        raise ValueError(f"{name} has non-finite values (entries too large to sum in {x.dtype}: "
+                         f"max |{name}| = {float(x.detach().abs().max()):.3g})")
+    if n_empty:
+        row = int((mask.sum(1) == 0).nonzero()[0])
+        raise ValueError(f"mask row {row} has no tokens; drop empty responses")
 
 
 # ---------------------------------------------------------------------------
@@ -288,7 +257,7 @@ def _g(div: str, lr: Tensor, inv_rho: Tensor) -> tuple[Tensor, Tensor]:
     if div == "fkl":
         return -lr * inv_rho, (lr - 1.0) * inv_rho      # -log rho / rho
     if div == "rkl":
-        return lr, torch.ones_like(lr)                  # log rho
+        return lr, 1.0                                  # log rho
     if div == "ufkl":
         return 1.0 - (1.0 + lr) * inv_rho, lr * inv_rho  # 1 - (1 + log rho) / rho
     return inv_rho - 1.0 + lr, 1.0 - inv_rho            # k3(1/rho)      (urkl)
@@ -298,32 +267,74 @@ def _g(div: str, lr: Tensor, inv_rho: Tensor) -> tuple[Tensor, Tensor]:
 # the kernel: per-unit loss values and d loss / d log pi_theta in closed form
 # ---------------------------------------------------------------------------
 
-def _kernel(kind: str, lw, lr, lu, adv, ell, agg_w, unit_w, tok_lw, tok_w,
-            beta: float, clip: Optional[tuple], same_level: bool):
+def _sum(x: Tensor) -> Tensor:
+    """Sum of a [B, T] or [B, 1] tensor, by rows first: the fused kernel then computes every
+    reduction inside its one row-wise pass instead of materializing [B, T] intermediates."""
+    return x.sum(1).sum()
+
+
+def _kernel(kind: str, logp, old_logp, advantages, mask, ref_logp,
+            beta: float, clip: Optional[tuple], level: str, agg: str):
     """Pure tensor math shared by every loss (run eagerly, or fused by torch.compile).
 
-    Returns (loss value, d loss / d log pi per unit, stats). The gradients are the exact
-    derivatives of the documented per-unit losses (tests compare them with autograd through
-    the literal formulas); computing them here avoids autograd's per-op passes and memory.
+    Inputs are detached; clip is (1 - eps_low, 1 + eps_high, c or None). Returns
+    (loss value, d loss / d logp [B, T] in logp's dtype, stats, data checks). The gradients
+    are the exact derivatives of the documented per-unit losses (tests compare them with
+    autograd through the literal formulas); computing them here avoids autograd's per-op
+    passes and memory. A unit is a token ([B, T]) or a whole sequence ([B, 1]).
     """
     C = LOG_RATIO_CLAMP
-    lw = lw.clamp(-C, C)
-    lr = lw if lr is lw else lr.clamp(-C, C)
+    dt = torch.promote_types(logp.dtype, torch.float32)
+    lp, old, adv = logp.to(dt), old_logp.to(dt), advantages.to(dt)
+    ref = None if ref_logp is None else ref_logp.to(dt)
+    B = lp.shape[0]
+    m = mask.to(dt)                                                         # [B, T]
+    n_tok = m.sum(1)                                                        # [B]
+    n_all = n_tok.sum()
+
+    # --- data checks, reduced here and raised by the caller (_raise_on_bad_data) ---
+    tok_lw_raw = lp - old                                                   # [B, T] log w per token
+    lr_raw = None if ref is None else lp - ref                              # [B, T] log rho per token
+    total = _sum(tok_lw_raw) + adv.sum() + (0.0 if ref is None else _sum(lr_raw))
+    mask_bad = (_sum(((mask != 0) & (mask != 1)).to(dt)) if mask.dtype != torch.bool
+                else torch.zeros((), dtype=dt, device=lp.device))
+    checks = torch.stack([mask_bad, total, (n_tok == 0).sum().to(dt)])
+
+    # --- units: log w, log rho, log u, ell = -log pi, advantages, weights ---
+    tok_lw = tok_lw_raw.clamp(-C, C)
+    tok_w = m / n_all                                                       # [B, T] token-mean weights
+    if level == "token":
+        lw = tok_lw
+        lr = lw if ref is None else lr_raw.clamp(-C, C)
+        lu = None if ref is None else (ref - old).clamp(-C, C)
+        ell = -lp
+        adv = adv[:, None] if adv.dim() == 1 else adv                       # [B, 1] or [B, T]
+        unit_w = tok_w
+        agg_w = (tok_w if agg == "token-mean" else
+                 m / (n_tok[:, None] * B) if agg == "seq-mean-token-mean" else m / B)
+    else:
+        lw = (tok_lw_raw * m).sum(1, keepdim=True).clamp(-C, C)             # [B, 1] log of the whole-response ratio
+        lr = lw if ref is None else (lr_raw * m).sum(1, keepdim=True).clamp(-C, C)
+        lu = None if ref is None else ((ref - old) * m).sum(1, keepdim=True).clamp(-C, C)
+        ell = -(lp * m).sum(1, keepdim=True)                                # [B, 1]
+        adv = adv[:, None]                                                  # [B, 1]
+        unit_w = torch.full((B, 1), 1.0 / B, dtype=dt, device=lp.device)
+        agg_w = (torch.full((B, 1), 1.0, dtype=dt, device=lp.device) / n_all if agg == "token-mean" else
+                 (1.0 / (n_tok * B))[:, None] if agg == "seq-mean-token-mean" else unit_w)
+
     w = torch.exp(lw)                                                       # [B, T|1]
-    inv_rho = torch.exp(-lr)                                                # 1/rho
-    u = 1.0 if lu is None else torch.exp(lu.clamp(-C, C))                   # u = w / rho
+    inv_rho = torch.reciprocal(w) if ref is None else torch.exp(-lr)        # 1/rho
+    u = 1.0 if lu is None else torch.exp(lu)                                # u = w / rho
     family, _, div = kind.partition(":")
-    zero = torch.zeros_like(w)
     low = high = dual = None
 
     if family == "rpg":                                                     # fully differentiable
-        h = _h(div, lr, inv_rho)
         kl_u = _d(div, w, lr, u)
-        grad = -w * (adv - beta * h)                                        # d(-w A + beta d)/d log pi
+        grad = -w * (adv - beta * _h(div, lr, inv_rho))                     # d(-w A + beta d)/d log pi
         if clip is None:
             value = -w * adv + beta * kl_u
         else:                                                               # alg:offpolicy_rpg_ppo_dualclip
-            lo, hi, c = 1.0 - clip[0], 1.0 + clip[1], clip[2]
+            lo, hi, c = clip
             g, g_prime = _g(div, lr, inv_rho)
             a_hat = adv - beta * g                                          # -w a_hat = -w A + beta d
             cw = w.clamp(lo, hi)
@@ -333,7 +344,7 @@ def _kernel(kind: str, lw, lr, lu, adv, ell, agg_w, unit_w, tok_lw, tok_w,
             grad = torch.where(clipped, beta * cw * g_prime, grad)          # only through A_hat
             neg = a_hat < 0
             low, high = neg & clipped, ~neg & clipped
-            if math.isfinite(c):
+            if c is not None:
                 dual = neg & (-c * a_hat < value)                           # min(., -c A_hat)
                 value = torch.where(dual, -c * a_hat, value)
                 grad = torch.where(dual, beta * c * g_prime, grad)
@@ -345,66 +356,101 @@ def _kernel(kind: str, lw, lr, lu, adv, ell, agg_w, unit_w, tok_lw, tok_w,
         if clip is None:
             value, grad = weight * ell, -weight                             # L = -SG(w A') log pi
         else:                                                               # alg:offpolicy_rpg_rf_ppo_dualclip_v1
-            lo, hi, c = 1.0 - clip[0], 1.0 + clip[1], clip[2]
+            lo, hi, c = clip
             pos = weight * ell >= 0                                         # psi = A' ell >= 0
             high = pos & (w >= hi)
             low = ~pos & (w <= lo)
-            dual = ~pos & (w >= c) if math.isfinite(c) else torch.zeros_like(pos)
-            flat = high | low | dual
-            c_eff = c if math.isfinite(c) else 0.0                          # unused when c = inf
-            # bounds as tensors of w's dtype: Python floats in torch.where would round to float32
-            clip_w = torch.where(high, w.new_tensor(hi), torch.where(low, w.new_tensor(lo), w.new_tensor(c_eff)))
+            flat = high | low
+            clip_w = w.clamp(lo, hi)                                        # hi on `high`, lo on `low`
+            if c is not None:
+                dual = ~pos & (w >= c)
+                flat = flat | dual
+                clip_w = torch.where(dual, c, clip_w)                       # c on `dual`
             value = torch.where(flat, adv * clip_w + c_kl, weight) * ell
-            grad = torch.where(flat, zero, -weight)
+            grad = torch.where(flat, 0.0, -weight)
 
     else:                                                                   # PPO-clip baselines
-        lo, hi, c = 1.0 - clip[0], 1.0 + clip[1], clip[2]
+        lo, hi, c = clip
         t1, t2 = -w * adv, -w.clamp(lo, hi) * adv
         clipped = t2 > t1
         value = torch.where(clipped, t2, t1)
-        grad = torch.where(clipped, zero, -w * adv)
+        grad = torch.where(clipped, 0.0, t1)                                # t1 = -w A
         neg = adv < 0
         low, high = neg & clipped, ~neg & clipped
-        if math.isfinite(c):
+        if c is not None:
             dual = neg & (-c * adv < value)
             value = torch.where(dual, -c * adv, value)
-            grad = torch.where(dual, zero, grad)
-        ukl = u - w + w * lr                                                # w k3(1/rho): UKL(pi_theta||pi_ref)
+            grad = torch.where(dual, 0.0, grad)
         if family == "grpo":
             kl_u = inv_rho - 1.0 + lr                                       # k3(pi_ref/pi_theta), no weight
             value = value + beta * kl_u
             grad = grad + beta * (1.0 - inv_rho)
-        elif family == "grpo-corrected":
-            kl_u = ukl                                                      # w k3(pi_ref/pi_theta)
-            value = value + beta * kl_u
-            grad = grad + beta * w * lr
         else:
-            kl_u = ukl                                                      # reported, not penalized
+            kl_u = u - w + w * lr                                           # w k3(1/rho) = UKL(pi_theta||pi_ref) estimate
+            if family == "grpo-corrected":                                  # the paper's correction: penalized
+                value = value + beta * kl_u
+                grad = grad + beta * w * lr
+            # dapo, reinforce++: reported, not penalized
 
     # --- statistics (means over valid units; kl_old per token) ---
-    tw, tlw = (w, lw) if same_level else (torch.exp(tok_lw.clamp(-C, C)), tok_lw.clamp(-C, C))
+    tw, tlw = (w, lw) if level == "token" else (torch.exp(tok_lw), tok_lw)
+    zero = torch.zeros((), dtype=dt, device=lp.device)
     stats = {
-        "ratio_mean": (w * unit_w).sum(),
-        "kl": (kl_u * unit_w).sum(),
-        "kl_old": ((tw * tlw - tw + 1.0) * tok_w).sum(),                    # E_old[w log w - w + 1]
+        "ratio_mean": _sum(w * unit_w),
+        "kl": _sum(kl_u * unit_w),
+        "kl_old": _sum((tw * tlw - tw + 1.0) * tok_w),                    # E_old[w log w - w + 1]
     }
     for key, flag in (("clip_frac_low", low), ("clip_frac_high", high), ("clip_frac_dual", dual)):
-        stats[key] = (flag * unit_w).sum() if flag is not None else (zero * unit_w).sum()
-    return (value * agg_w).sum(), grad * agg_w, stats
+        stats[key] = _sum(flag * unit_w) if flag is not None else zero
+    grad_logp = grad * agg_w if level == "token" else grad * agg_w * m      # [B, T]: d/d logp_t
+    return _sum(value * agg_w), grad_logp.to(logp.dtype), stats, checks
 
 
 _COMPILED: dict = {}
+_NO_FUSION: dict = {}      # device type -> why torch.compile cannot fuse there (warned once)
 FUSE_MIN_NUMEL = 1 << 16   # below this the eager kernel is as fast as a compiled one
 
 
-def _run_kernel(*args, numel: int):
-    """Eager by default; fused by torch.compile for large inputs when RPG_REF_COMPILE=1.
+def _fusion_unavailable(device_type: str) -> Optional[str]:
+    """Why torch.compile cannot fuse the kernel on this device type, or None if it can."""
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+        return None if has_triton() else "triton is not installed"
+    if device_type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        cxx = get_cpp_compiler()
+        return None if shutil.which(cxx) else f"C++ compiler {cxx!r} not found (set CXX)"
+    return f"no fused kernel for device type {device_type!r}"
+
+
+def _use_fused(numel: int, device_type: str) -> bool:
+    mode = os.environ.get("RPG_REF_COMPILE", "auto")
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"RPG_REF_COMPILE must be auto, 0 or 1, got {mode!r}")
+    if mode == "0" or numel < FUSE_MIN_NUMEL:
+        return False
+    if device_type not in _NO_FUSION:
+        _NO_FUSION[device_type] = _fusion_unavailable(device_type)
+        if _NO_FUSION[device_type] and mode == "auto":
+            warnings.warn(f"rpg_ref.losses: cannot fuse the loss kernel on {device_type} "
+                          f"({_NO_FUSION[device_type]}); running it eagerly: same numbers, slower. "
+                          f"RPG_REF_COMPILE=0 silences this.", stacklevel=4)
+    if _NO_FUSION[device_type] and mode == "1":
+        raise RuntimeError(f"RPG_REF_COMPILE=1 but the loss kernel cannot be fused on {device_type}: "
+                           f"{_NO_FUSION[device_type]}")
+    return _NO_FUSION[device_type] is None
+
+
+def _run_kernel(*args, numel: int, device_type: str):
+    """Fused by torch.compile for large inputs (RPG_REF_COMPILE=auto, the default), else eager.
 
     The fused kernel is this same Python function traced by torch.compile (no second
-    implementation). Each (loss, clip, beta, level) setting is one specialization; opting in
-    raises dynamo's recompile limit so 13 losses x settings don't fall back to eager.
+    implementation); RPG_REF_COMPILE=0 always runs it eagerly, =1 insists on fusing. Each
+    (loss, clip, level, agg, ref) setting is one specialization (sizes are dynamic, the first
+    call of each compiles for a few seconds); the first fused call raises dynamo's recompile
+    limit so that 13 losses x settings don't fall back to eager.
     """
-    if numel < FUSE_MIN_NUMEL or os.environ.get("RPG_REF_COMPILE", "0") != "1":
+    if not _use_fused(numel, device_type):
         return _kernel(*args)
     if not _COMPILED:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
@@ -431,7 +477,7 @@ class _Surrogate(torch.autograd.Function):
 
 
 def _loss(kind, logp, old_logp, advantages, mask, *, beta, ref_logp, clip, level, agg, default_clip=None):
-    U, clip = _prepare(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg)
+    clip = _validate(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg)
     family = kind.partition(":")[0]
     if family in ("dapo", "reinforce++", "reinforce++-baseline") and beta != 0:
         where = ("puts its k1 KL penalty into the reward: pass beta to rpg_ref.advantages.reinforce_pp "
@@ -440,11 +486,12 @@ def _loss(kind, logp, old_logp, advantages, mask, *, beta, ref_logp, clip, level
     if clip is None and default_clip is not None:
         clip = _parse_clip(default_clip)
     with torch.no_grad():
-        value, grad_unit, stats = _run_kernel(
-            kind, U.lw, U.lr, U.lu, U.adv, U.ell, U.agg_w, U.unit_w, U.tok_lw, U.tok_w,
-            float(beta), clip, level == "token", numel=logp.numel())
-        grad = grad_unit if level == "token" else grad_unit * U.mask     # d/d logp_t of sum_t logp_t
-    loss = _Surrogate.apply(logp, value.to(logp.dtype), grad.to(logp.dtype))
+        value, grad, stats, checks = _run_kernel(
+            kind, logp.detach(), old_logp.detach(), advantages.detach(), mask,
+            None if ref_logp is None else ref_logp.detach(), float(beta), clip, level, agg,
+            numel=logp.numel(), device_type=logp.device.type)
+    _raise_on_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
+    loss = _Surrogate.apply(logp, value.to(logp.dtype), grad)
     return loss, {k: v.detach() for k, v in stats.items()}
 
 

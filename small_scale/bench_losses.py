@@ -6,8 +6,9 @@ The floor (rpg_ref.losses.ppo_clip_floor) is the least any clipped token loss pa
 a clamp, a min, a masked mean, written as people usually write it (eager PyTorch, autograd).
 Each loss is timed with its clipping on (the setting people train with), its input checks
 and all its statistics, in two modes:
-  eager  the default: rpg_ref's kernel run op by op, gradients in closed form
-  fused  RPG_REF_COMPILE=1: the same kernel function fused by torch.compile (first call compiles)
+  fused  the default at this size (RPG_REF_COMPILE=auto, forced here with =1): the kernel
+         function traced and fused by torch.compile (its first call compiles, not timed)
+  eager  RPG_REF_COMPILE=0: the same kernel run op by op, gradients in closed form
 The printed ratio is median(loss) / median(floor); the floor is re-measured around every loss
 so drift on a shared machine cancels out.
 """
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--modes", nargs="+", choices=("fused", "eager"), default=["fused", "eager"])
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,7 +59,7 @@ def main() -> None:
         logp.grad = None
 
     rows = []
-    for mode in ("eager", "fused"):
+    for mode in args.modes:
         os.environ["RPG_REF_COMPILE"] = "1" if mode == "fused" else "0"
         for name in sorted(L.LOSSES):
             spec = L.SPECS[name]
@@ -79,7 +81,7 @@ def main() -> None:
     print(f"{'mode':6s} {'loss':24s} {'ms':>8s} {'floor ms':>9s} {'ratio':>6s}")
     for mode, name, t, f in rows:
         print(f"{mode:6s} {name:24s} {1e3 * t:8.2f} {1e3 * f:9.2f} {t / f:6.2f}")
-    for mode in ("eager", "fused"):
+    for mode in args.modes:
         worst = max(t / f for md, _, t, f in rows if md == mode)
         print(f"{mode}: worst ratio {worst:.2f} (target <= 1.30)")
 
