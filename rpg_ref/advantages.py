@@ -17,13 +17,20 @@ The std is the population std (divide by G), as in DeepSeekMath's GRPO descripti
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["group_mean", "group_mean_std", "batch_mean", "leave_one_out", "reinforce_pp",
-           "ADVANTAGES", "GROUP_ESTIMATORS", "compute_advantages"]
+__all__ = [
+    "ADVANTAGES",
+    "GROUP_ESTIMATORS",
+    "batch_mean",
+    "compute_advantages",
+    "group_mean",
+    "group_mean_std",
+    "leave_one_out",
+    "reinforce_pp",
+]
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
@@ -71,8 +78,8 @@ def leave_one_out(rewards: Tensor, group_size: int) -> Tensor:
     return (g - others).reshape(-1)
 
 
-def reinforce_pp(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Optional[Tensor],
-                 beta: float, group_size: Optional[int] = None, eps: float = 1e-8) -> Tensor:
+def reinforce_pp(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Tensor | None,
+                 beta: float, group_size: int | None = None, eps: float = 1e-8) -> Tensor:
     """REINFORCE++ token advantages (Hu et al. 2025, arXiv:2501.03262).
 
     Per token t of response i (gamma = 1):
@@ -114,8 +121,8 @@ ADVANTAGES = {
 GROUP_ESTIMATORS = ("group-mean", "group-mean-std", "leave-one-out", "reinforce++-baseline")
 
 
-def compute_advantages(name: str, rewards: Tensor, group_size: int, mask: Optional[Tensor] = None,
-                       old_logp: Optional[Tensor] = None, ref_logp: Optional[Tensor] = None,
+def compute_advantages(name: str, rewards: Tensor, group_size: int, mask: Tensor | None = None,
+                       old_logp: Tensor | None = None, ref_logp: Tensor | None = None,
                        beta: float = 0.0) -> Tensor:
     """Dispatch by estimator name; returns [N] (outcome estimators) or [N, T] (reinforce++)."""
     if name not in ADVANTAGES:

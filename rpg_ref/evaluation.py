@@ -19,8 +19,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -71,7 +71,7 @@ def format_table(results: dict) -> str:
     rows = [[name, str(r["problems"]), str(r["n"])] + [f"{r[m]:.4f}" for m in metrics]
             for name, r in results.items()]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
@@ -170,7 +170,7 @@ def _validate(args) -> None:
         raise ValueError(f"--model {args.model!r} is not a folder")
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _validate(args)

@@ -8,14 +8,12 @@ the demo and the notebooks.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
 from rpg_ref import kl, losses
 
-__all__ = ["divergence", "objective", "objective_grad", "expected_loss", "expected_loss_grad"]
+__all__ = ["divergence", "expected_loss", "expected_loss_grad", "objective", "objective_grad"]
 
 
 _DIVERGENCES = {"fkl": kl.forward_kl, "rkl": kl.reverse_kl, "ufkl": kl.forward_ukl, "urkl": kl.reverse_ukl}
@@ -44,7 +42,7 @@ def objective_grad(div: str, theta: Tensor, R: Tensor, beta: float, logp_ref: Te
 
 
 def expected_loss(name: str, theta: Tensor, logp_old: Tensor, A: Tensor, beta: float,
-                  ref_logp: Optional[Tensor] = None, clip=None) -> Tensor:
+                  ref_logp: Tensor | None = None, clip=None) -> Tensor:
     """sum_x pi_old(x) L(x) with each outcome x one sample (B=1, T=1); differentiable in theta.
 
     ``logp_old`` may be the log of an unnormalized measure of mass Z_old: the sum is then
@@ -62,7 +60,7 @@ def expected_loss(name: str, theta: Tensor, logp_old: Tensor, A: Tensor, beta: f
 
 
 def expected_loss_grad(name: str, theta: Tensor, logp_old: Tensor, A: Tensor, beta: float,
-                       ref_logp: Optional[Tensor] = None, clip=None) -> Tensor:
+                       ref_logp: Tensor | None = None, clip=None) -> Tensor:
     th = theta.detach().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(expected_loss(name, th, logp_old, A, beta, ref_logp, clip), th)
     return g

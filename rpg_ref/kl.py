@@ -29,9 +29,15 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "k1", "k2", "k3",
-    "kl", "ukl",
-    "forward_kl", "reverse_kl", "forward_ukl", "reverse_ukl",
+    "forward_kl",
+    "forward_ukl",
+    "k1",
+    "k2",
+    "k3",
+    "kl",
+    "reverse_kl",
+    "reverse_ukl",
+    "ukl",
 ]
 
 

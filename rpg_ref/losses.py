@@ -92,14 +92,20 @@ import math
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "LOSSES", "SPECS", "LossSpec", "get_loss", "LOG_RATIO_CLAMP", "AGGREGATIONS", "LEVELS",
+    "AGGREGATIONS",
+    "LEVELS",
+    "LOG_RATIO_CLAMP",
+    "LOSSES",
+    "SPECS",
+    "LossSpec",
+    "get_loss",
     "ppo_clip_floor",
 ]
 
@@ -113,11 +119,11 @@ class LossSpec:
     """What a trainer needs to know about a loss besides calling it."""
     name: str
     family: str                 # "rpg" (fully differentiable), "rpg-reinforce", or "baseline"
-    divergence: Optional[str]   # D whose gradient the KL part has in expectation, for every theta;
+    divergence: str | None   # D whose gradient the KL part has in expectation, for every theta;
                                 # None for published grpo (its term matches no fixed D off-policy)
     advantage: str              # default estimator in rpg_ref.advantages.ADVANTAGES
     kl_in_reward: bool          # True: the KL goes into the advantage; call the loss with beta=0
-    default_clip: Optional[tuple]  # used when clip=None (baselines only; rpg losses: no clip)
+    default_clip: tuple | None  # used when clip=None (baselines only; rpg losses: no clip)
     paper_label: str
     has_kl: bool = True         # False only for dapo (no KL anywhere)
 
@@ -145,7 +151,7 @@ def _check_tensor(name: str, x, ndim_ok: tuple) -> None:
                          f"got shape {tuple(x.shape)}")
 
 
-def _parse_clip(clip) -> Optional[tuple]:
+def _parse_clip(clip) -> tuple | None:
     """(eps_low, eps_high[, c]) -> (1 - eps_low, 1 + eps_high, c or None), checked."""
     if clip is None:
         return None
@@ -162,7 +168,7 @@ def _parse_clip(clip) -> Optional[tuple]:
     return (1.0 - eps_low, 1.0 + eps_high, c if c is not None and math.isfinite(c) else None)
 
 
-def _validate(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg) -> Optional[tuple]:
+def _validate(logp, old_logp, advantages, mask, beta, ref_logp, clip, level, agg) -> tuple | None:
     """Everything that can be checked without reading the data: shapes, dtypes, options."""
     _check_tensor("logp", logp, (2,))
     _check_tensor("old_logp", old_logp, (2,))
@@ -274,7 +280,7 @@ def _sum(x: Tensor) -> Tensor:
 
 
 def _kernel(kind: str, logp, old_logp, advantages, mask, ref_logp,
-            beta: float, clip: Optional[tuple], level: str, agg: str):
+            beta: float, clip: tuple | None, level: str, agg: str):
     """Pure tensor math shared by every loss (run eagerly, or fused by torch.compile).
 
     Inputs are detached; clip is (1 - eps_low, 1 + eps_high, c or None). Returns
@@ -411,7 +417,7 @@ _NO_FUSION: dict = {}      # device type -> why torch.compile cannot fuse there 
 FUSE_MIN_NUMEL = 1 << 16   # below this the eager kernel is as fast as a compiled one
 
 
-def _fusion_unavailable(device_type: str) -> Optional[str]:
+def _fusion_unavailable(device_type: str) -> str | None:
     """Why torch.compile cannot fuse the kernel on this device type, or None if it can."""
     if device_type == "cuda":
         from torch.utils._triton import has_triton
@@ -589,20 +595,20 @@ for _div in ("fkl", "rkl", "ufkl", "urkl"):
                        f"prop:offpolicy_reinforce_loss_{_div}"))
 
 _BASELINES = {
-    "grpo": ("GRPO as published (subsec:grpo_main): PPO clip on A plus beta * k3(pi_ref/pi_theta) per "
-             "token with no importance weight.", "group-mean-std", False, (0.2, 0.2, None)),
-    "grpo-corrected": ("GRPO with the paper's corrected KL term (subsec:grpo_main): PPO clip on A plus "
+    "grpo": (("GRPO as published (subsec:grpo_main): PPO clip on A plus beta * k3(pi_ref/pi_theta) per "
+             "token with no importance weight."), "group-mean-std", False, (0.2, 0.2, None)),
+    "grpo-corrected": (("GRPO with the paper's corrected KL term (subsec:grpo_main): PPO clip on A plus "
                        "beta * w * k3(pi_ref/pi_theta), an unbiased estimate of UKL(pi_theta || pi_ref) "
-                       "whose expected gradient is grad UKL for every theta.",
+                       "whose expected gradient is grad UKL for every theta."),
                        "group-mean-std", False, (0.2, 0.2, None)),
-    "dapo": ("DAPO (Yu et al. 2025): clip-higher PPO (default eps_low 0.2, eps_high 0.28), token-level "
-             "aggregation, no KL term (beta must be 0).", "group-mean-std", False, (0.2, 0.28, None)),
-    "reinforce++": ("REINFORCE++ (Hu et al. 2025): PPO clip on token advantages from "
+    "dapo": (("DAPO (Yu et al. 2025): clip-higher PPO (default eps_low 0.2, eps_high 0.28), token-level "
+             "aggregation, no KL term (beta must be 0)."), "group-mean-std", False, (0.2, 0.28, None)),
+    "reinforce++": (("REINFORCE++ (Hu et al. 2025): PPO clip on token advantages from "
                     "rpg_ref.advantages.reinforce_pp (k1 KL in the reward, return-to-go, global "
-                    "whitening). beta must be 0 here: the KL is in the advantage.",
+                    "whitening). beta must be 0 here: the KL is in the advantage."),
                     "reinforce++", True, (0.2, 0.2, None)),
-    "reinforce++-baseline": ("REINFORCE++-baseline (Hu et al. 2025): as reinforce++, with the group-mean "
-                             "reward subtracted before global whitening.",
+    "reinforce++-baseline": (("REINFORCE++-baseline (Hu et al. 2025): as reinforce++, with the group-mean "
+                             "reward subtracted before global whitening."),
                              "reinforce++-baseline", True, (0.2, 0.2, None)),
 }
 for _name, (_doc, _adv, _kir, _clip) in _BASELINES.items():

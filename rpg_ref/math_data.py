@@ -21,7 +21,6 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
 
 EVAL_SETS = ("aime24", "aime25", "amc23", "math500")
 TRAIN_SETS = ("gsm8k_train", "math_train", "deepmath_int")
@@ -31,7 +30,7 @@ TRAIN_SETS = ("gsm8k_train", "math_train", "deepmath_int")
 class Problem:
     id: str
     problem: str
-    answer: Union[str, int, float]
+    answer: str | int | float
     source: str  # the set name or file it came from
 
 
@@ -60,7 +59,7 @@ def resolve(spec: str) -> Path:
 
 
 def _row_to_problem(row, where: str, index: int, set_name: str, fields: dict,
-                    drop_empty_answers: bool) -> Optional[Problem]:
+                    drop_empty_answers: bool) -> Problem | None:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     pkey, akey, ikey = fields.get("problem", "problem"), fields.get("answer", "answer"), fields.get("id", "id")
@@ -122,8 +121,8 @@ def _read_rows(path: Path):
         raise ValueError(f"{path}: unsupported file type {suffix!r} (use .jsonl or .parquet)")
 
 
-def load_problems(spec: str, *, split: str = "train", fields: Optional[dict] = None,
-                  drop_empty_answers: bool = False, limit: Optional[int] = None) -> list[Problem]:
+def load_problems(spec: str, *, split: str = "train", fields: dict | None = None,
+                  drop_empty_answers: bool = False, limit: int | None = None) -> list[Problem]:
     """Load a problem set; see the module docstring. `limit` keeps the first `limit` rows."""
     fields = dict(fields or {})
     unknown = set(fields) - {"problem", "answer", "id"}

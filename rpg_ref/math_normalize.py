@@ -24,6 +24,7 @@ time limit (rpg_ref.math_reward.AnswerChecker does, in a worker process).
 """
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -70,7 +71,7 @@ def canonical(ans) -> str:
     if isinstance(ans, bool):
         raise ValueError(f"answer must be str/int/float, got bool {ans!r}")
     if isinstance(ans, float):
-        if ans != ans or ans in (float("inf"), float("-inf")):
+        if not math.isfinite(ans):
             raise ValueError(f"answer is not finite: {ans!r}")
         ans = str(int(ans)) if ans.is_integer() else repr(ans)
     s = _unwrap_boxed(_strip_dollars(str(ans)))

@@ -37,8 +37,8 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from rpg_ref.math_normalize import answers_equal, canonical
 
@@ -97,7 +97,7 @@ def chat_prompt_ids(tokenizer, problem: str, style: str = "answer",
 _ANSWER_RE = re.compile(r"answer\s*:\s*(.*)", re.IGNORECASE)
 
 
-def last_boxed(text: str) -> Optional[str]:
+def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces, else None."""
     for start in sorted((m.start() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)),
                         reverse=True):
@@ -110,7 +110,7 @@ def last_boxed(text: str) -> Optional[str]:
     return None
 
 
-def extract_answer(text: str, style: str = "answer") -> Optional[str]:
+def extract_answer(text: str, style: str = "answer") -> str | None:
     """The final answer of a response, or None when it has none in the requested form.
 
     style "answer": the rest of the line after the LAST "Answer:" (case-insensitive; markdown
@@ -178,7 +178,7 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=None))
 
 
-def answers_match(pred: Optional[str], gold, backend: str = "auto") -> bool:
+def answers_match(pred: str | None, gold, backend: str = "auto") -> bool:
     """Untimed check of one extracted answer against a gold answer (see the module docstring).
 
     Runs sympy/math-verify in the calling process: use AnswerChecker for model outputs.
@@ -202,7 +202,7 @@ def _serve() -> None:
         pred, gold, backend = json.loads(line)
         try:
             res = [bool(answers_match(pred, gold, backend)), None]
-        except Exception as e:  # a crash in sympy/math-verify means "not verified", reported
+        except Exception as e:  # noqa: BLE001  a crash in sympy/math-verify means "not verified", reported
             res = [False, f"{type(e).__name__}: {e}"]
         out.write(json.dumps(res).encode() + b"\n")
         out.flush()
@@ -217,7 +217,7 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "rpg_ref.math_reward", "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.buf = b""
-        self.job: Optional[int] = None
+        self.job: int | None = None
         self.deadline = 0.0
 
     def fileno(self) -> int:
@@ -228,7 +228,7 @@ class _Worker:
         self.proc.stdin.flush()
         self.job, self.deadline = job, time.monotonic() + timeout_s
 
-    def read_result(self) -> Optional[list]:
+    def read_result(self) -> list | None:
         """Read what is available; the result once a whole line has arrived, else None.
         Raises EOFError when the worker has died."""
         data = os.read(self.fileno(), 1 << 16)
@@ -304,11 +304,11 @@ class AnswerChecker:
     def __del__(self):
         try:
             self.close()
-        except Exception:  # interpreter shutdown: nothing left to clean reliably
+        except Exception:  # noqa: BLE001, S110  interpreter shutdown: nothing left to clean reliably
             pass
 
     # -- checking
-    def check(self, preds: Sequence[Optional[str]], golds: Sequence) -> list[bool]:
+    def check(self, preds: Sequence[str | None], golds: Sequence) -> list[bool]:
         """One bool per pair: True when the extracted answer `preds[i]` matches `golds[i]`."""
         if len(preds) != len(golds):
             raise ValueError(f"{len(preds)} answers but {len(golds)} gold answers")
@@ -397,7 +397,7 @@ class MathReward:
 
     def __init__(self, style: str = "answer", scoring: str = "pm1", backend: str = "auto",
                  timeout_s: float = 5.0, num_workers: int = 1,
-                 overlong_buffer: Optional[int] = None, max_response_len: Optional[int] = None):
+                 overlong_buffer: int | None = None, max_response_len: int | None = None):
         _check_style(style)
         if scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
@@ -410,7 +410,7 @@ class MathReward:
         self.checker = AnswerChecker(backend, timeout_s, num_workers)
 
     def __call__(self, responses: Sequence[str], golds: Sequence,
-                 lengths: Optional[Sequence[int]] = None) -> tuple[list[float], dict]:
+                 lengths: Sequence[int] | None = None) -> tuple[list[float], dict]:
         if len(responses) != len(golds):
             raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
         if self.overlong_buffer is not None and (lengths is None or len(lengths) != len(responses)):

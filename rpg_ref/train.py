@@ -1141,7 +1141,7 @@ def collate(prompts: list, responses: list, pad_id: int, device, sampler_lp: lis
     ids = torch.cat([ids_p, ids_r.to(device)], 1)  # [N, P+T]
     am = torch.cat([am_p, mask.long().to(device)], 1)  # [N, P+T]
     pos = (am.cumsum(-1) - 1).clamp(min=0)  # [N, P+T] as HF generate
-    return dict(  # noqa: C408 (keyword names = Batch fields)
+    return dict(  # keyword names = Batch fields
         input_ids=ids,
         attention_mask=am,
         position_ids=pos,

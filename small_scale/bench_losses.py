@@ -66,7 +66,9 @@ def main() -> None:
             beta = 0.0 if spec.kl_in_reward or name == "dapo" else 1e-3
             clip = (0.2, 0.28, 10.0) if spec.family != "baseline" else None
 
-            def run(fn=L.get_loss(name), beta=beta, clip=clip):
+            fn = L.get_loss(name)
+
+            def run(fn=fn, beta=beta, clip=clip):
                 loss, _ = fn(logp, old, adv, mask, beta=beta, ref_logp=ref, clip=clip)
                 loss.backward()
                 logp.grad = None

@@ -11,6 +11,7 @@ seeds, the change in held-out greedy accuracy between consecutive evaluations (m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics as st
 from pathlib import Path
@@ -36,7 +37,7 @@ def main() -> None:
                 cols["clip_high"].append(st.mean(r["clip_frac_high"] for r in m))
                 cols["len_last10"].append(st.mean(r["response_len"] for r in m[-10:]))
                 ev = [r["eval_greedy_accuracy"] for r in m if "eval_greedy_accuracy" in r]
-                ev_steps += [abs(b - a) for a, b in zip(ev, ev[1:])]
+                ev_steps += [abs(b - a) for a, b in itertools.pairwise(ev)]
             per_seed = " | ".join(f"{k} " + "/".join(f"{v:.3f}" for v in vs) for k, vs in cols.items())
             print(f"{run:20s} {per_seed} | eval change mean {st.mean(ev_steps):.3f} max {max(ev_steps):.3f}")
 

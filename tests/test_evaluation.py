@@ -70,6 +70,7 @@ def test_evaluate_sets_scores_decoded_responses():
     _need(tok_dir)
     _need(data_dir() / "eval" / "aime24.jsonl")
     from transformers import AutoTokenizer
+
     from rpg_ref.math_reward import AnswerChecker
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     problems = load_problems("aime24", limit=2)

@@ -132,7 +132,7 @@ def _wrong_answers(golds):
     (checked by eye once: all 189 MATH-500 pairs are different values)."""
     ints = [g for g in golds if isinstance(g, float) or re.fullmatch(r"-?\d+", str(g))]
     others = [g for g in golds if g not in ints]
-    key = lambda s: re.sub(r"\s+", "", s)  # noqa: E731
+    key = lambda s: re.sub(r"\s+", "", s)
     wrong = {}
     for i, g in enumerate(others):
         j = (i + 1) % len(others)

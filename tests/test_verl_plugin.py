@@ -12,11 +12,11 @@ import torch
 
 verl = pytest.importorskip("verl", reason="verl is not installed in this environment: the verl plugin "
                            "test runs in its own venv (.ci/run creates /work/venv-verl or .venv-verl)")
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E402
+from verl.trainer.ppo import core_algos
+from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
-from rpg_ref.integrations import verl as plugin  # noqa: E402
-from rpg_ref.losses import LOSSES  # noqa: E402
+from rpg_ref.integrations import verl as plugin
+from rpg_ref.losses import LOSSES
 
 B, T = 6, 7
 AGG = {"token-mean": "token-mean", "token-sum": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
@@ -122,7 +122,7 @@ def test_verl_imports_the_plugin_from_the_environment_variable():
     code = ("from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; "
             "print(sum(n in R for n in ['rpg-reinforce-urkl', 'rpg-fkl-noclip', 'grpo-corrected']))")
     env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="rpg_ref.integrations.verl")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "3"
 
@@ -141,7 +141,7 @@ def test_example_launch_script_composes_with_verls_config_schema():
     body = body.replace("$(( (MAX_PROMPT + MAX_RESPONSE) * 4 ))", str((1024 + 2048) * 4))
     for k, v in {"MODEL": "Qwen/Qwen3-4B", "TRAIN_FILE": "t.parquet", "VAL_FILE": "v.parquet",
                  "MAX_PROMPT": "1024", "MAX_RESPONSE": "2048", "OVERLONG_BUFFER": "512"}.items():
-        body = body.replace("${%s}" % k, v).replace("$" + k, v)
+        body = body.replace(f"${{{k}}}", v).replace("$" + k, v)
     assert "$" not in body, body
     overrides = shlex.split(body.replace("\\\n", " "))[3:]
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"),

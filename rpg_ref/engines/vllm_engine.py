@@ -42,8 +42,9 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any
 
 SUPPORTED_VLLM = ">=0.10.2,<0.12"
 _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
@@ -138,7 +139,7 @@ def prompt_logprobs_of(request_output, ids: Sequence[int]) -> list[float]:
     return [_logprob_value(plp[t], ids[t], f"prompt position {t}") for t in range(1, len(ids))]
 
 
-def outputs_to_pairs(request_outputs, n: int, eos_id: Optional[int]) -> list[tuple[list, list]]:
+def outputs_to_pairs(request_outputs, n: int, eos_id: int | None) -> list[tuple[list, list]]:
     """(token ids, sampler log-probs) per response, n consecutive per prompt, cut after the first EOS."""
     out = []
     for i, ro in enumerate(request_outputs):
@@ -285,7 +286,7 @@ class VLLMEngine:
         in_process: bool = field(default=True, metadata={"help": "run vLLM's engine core in this process "
                                  "(VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights pass by reference"})
 
-    def __init__(self, policy, task, cfg, model_path: Optional[str] = None):
+    def __init__(self, policy, task, cfg, model_path: str | None = None):
         opt = self.Options(**getattr(cfg, "engine_options", {}))
         path = model_path or getattr(getattr(policy, "config", None), "_name_or_path", "")
         self._tmp = None
@@ -299,7 +300,7 @@ class VLLMEngine:
         self.tie = bool(getattr(getattr(policy, "config", None), "tie_word_embeddings", False))
         self.seed = int(getattr(cfg, "seed", 0))
         self._calls = 0
-        self.probe: Optional[list] = None
+        self.probe: list | None = None
         self.llm = self._make_llm(path, tok_path, opt, max_len, self.seed)
         self.sm = EngineStateMachine(_VLLMBackend(self.llm, opt.bucket_mb << 20), opt.sleep_level,
                                      opt.verify_tol)
@@ -323,6 +324,7 @@ class VLLMEngine:
     def from_pretrained(cls, path: str, seed: int = 0, **options):
         """An engine on a checkpoint folder without a trainer (used by rpg-eval)."""
         from types import SimpleNamespace
+
         from transformers import AutoConfig
         policy = SimpleNamespace(config=AutoConfig.from_pretrained(path))
         from transformers import AutoTokenizer
@@ -332,7 +334,7 @@ class VLLMEngine:
 
     # -- the Engine protocol
     def generate_pairs(self, prompts, n, temperature, top_p, max_new_tokens,
-                       seed: Optional[int] = None) -> list[tuple[list, list]]:
+                       seed: int | None = None) -> list[tuple[list, list]]:
         """(token ids, sampler log-probs) for n responses per prompt (n consecutive per prompt)."""
         if self.probe is None and prompts:
             self.probe = list(prompts[0])

@@ -40,13 +40,12 @@ losses have no per-token weight input; turn algorithm.rollout_correction off for
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
+from verl.trainer.ppo.core_algos import register_policy_loss
 
 from rpg_ref.losses import LOSSES, SPECS
-
-from verl.trainer.ppo.core_algos import register_policy_loss
 
 BASE_NAMES = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")] + ["grpo-corrected"]
 REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES]
@@ -61,7 +60,7 @@ def _get(config, key: str, default=None):
     return default if v is None else v
 
 
-def read_config(config, clipped: bool) -> tuple[float, Optional[tuple]]:
+def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
     """(beta, clip) from verl's actor config (module docstring)."""
     if config is None:
         raise ValueError("rpg losses need verl's actor config (beta = kl_loss_coef, clip ratios)")
@@ -109,7 +108,7 @@ def _make(name: str):
 
     def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
                     response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config: Any = None,
-                    rollout_is_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+                    rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         if rollout_is_weights is not None:
             raise ValueError(f"{name}: rollout_is_weights are not supported by the rpg losses; disable "
                              f"algorithm.rollout_correction for this loss")
