@@ -516,7 +516,8 @@ optimum (`summary.json`). `RPG_NOTEBOOK_CI=1` (set by the test suite) shortens e
     code("""
 import json
 from pathlib import Path
-from rpg_ref.train import parse_config, train
+from rpg_ref.cli import parse_config
+from rpg_ref.train import train
 from paper_figs.training import read_jsonl
 from paper_figs._common import plt
 

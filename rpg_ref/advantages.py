@@ -4,7 +4,7 @@ Rewards are a flat tensor [N] holding groups of ``group_size`` consecutive respo
 the same prompt (N = num_prompts * group_size), the layout every trainer here uses.
 
     name                   formula                                              used by
-    group-mean             A_i = R_i - mean_{j in g(i)} R_j                     RPG (REFERENCE_NOTES §2)
+    group-mean             A_i = R_i - mean_{j in g(i)} R_j                     RPG (docs/paper_code.md)
     group-mean-std         A_i = (R_i - mean_g R) / (std_g R + eps)             GRPO, DAPO
     batch-mean             A_i = R_i - mean_batch R                             alg:offpolicy_rpg_ppo_dualclip example
     leave-one-out          A_i = R_i - mean_{j in g(i), j != i} R_j             RLOO

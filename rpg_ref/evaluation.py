@@ -198,7 +198,7 @@ def main(argv: list | None = None) -> int:
             return hf_generate(model, tokenizer, prompts, n, args.temperature, args.top_p,
                                args.max_new_tokens, args.batch_size, args.seed)
     else:
-        from rpg_ref.engines.vllm_engine import VLLMEngine
+        from rpg_ref.engines.vllm import VLLMEngine
         engine = VLLMEngine.from_pretrained(args.model, seed=args.seed,
                                             gpu_memory_utilization=args.gpu_memory_utilization)
 

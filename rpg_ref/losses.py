@@ -617,3 +617,43 @@ for _name, (_doc, _adv, _kir, _clip) in _BASELINES.items():
               LossSpec(_name, "baseline", "urkl" if _name == "grpo-corrected" else None, _adv, _kir,
                        _clip, "subsec:grpo_main" if _name.startswith("grpo") else "",
                        has_kl=_name != "dapo"))
+
+
+# --- TEMPORARY (replaced by the losses rewrite): option rules as functions ---
+def parse_clip(values):
+    if values is None:
+        return None
+    if not isinstance(values, (list, tuple)) or len(values) not in (2, 3):
+        raise ValueError(f"clip takes eps_low eps_high [c], got {values}")
+    try:
+        v = [float(x) for x in values]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"clip values must be numbers ('inf' allowed for c), got {values}") from e
+    lo, hi, c = _parse_clip(v)
+    return (1.0 - lo, hi - 1.0, c)
+
+
+def loss_beta(name, beta):
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    return 0.0 if SPECS[name].kl_in_reward else beta
+
+
+def default_beta(name, beta):
+    return beta if SPECS[name].has_kl else 0.0
+
+
+def check_options(name, *, beta, clip=None, level="token", agg="token-mean", no_clip=False):
+    get_loss(name)
+    spec = SPECS[name]
+    if no_clip and clip is not None:
+        raise ValueError("--clip and --no-clip together")
+    if no_clip and spec.default_clip is not None:
+        raise ValueError(f"--no-clip: {name} is a PPO-type loss that always clips; pass a wide --clip instead")
+    parse_clip(clip)
+    if level not in LEVELS or agg not in AGGREGATIONS:
+        raise ValueError(f"level must be in {LEVELS} and agg in {AGGREGATIONS}; got {level!r}, {agg!r}")
+    if level == "sequence" and spec.kl_in_reward:
+        raise ValueError(f"{name} has token-level advantages and cannot run at --level sequence")
+    z = torch.zeros(1, 1)
+    LOSSES[name](z, z, torch.zeros(1), torch.ones(1, 1), beta=beta, clip=parse_clip(clip), level=level, agg=agg)

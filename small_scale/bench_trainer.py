@@ -14,8 +14,8 @@ step of each is warm-up and is dropped, as is rpg-train's last step (it also run
 Each trainer runs in its own fresh process; peak RSS is that process's VmHWM, and "RSS after
 imports" is the RSS after importing torch/transformers (and TRL), before any model is built.
 
-    /work/venv/bin/python small_scale/bench_trainer.py [--steps 10] [--out runs/bench_trainer]
-    /work/venv/bin/python small_scale/bench_trainer.py --hidden 512 --layers 4   # a larger model
+    python small_scale/bench_trainer.py [--steps 10] [--out runs/bench_trainer]
+    python small_scale/bench_trainer.py --hidden 512 --layers 4   # a larger model
 
 Needs the bench extra (``pip install 'rpg-ref[bench]'``: trl, psutil).
 """
@@ -68,12 +68,13 @@ def prepare(out: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from rpg_ref import train
+    from rpg_ref.cli import parse_config
+    from rpg_ref.tasks.seq import SeqTask
 
     model_dir = out / "model"
     if (model_dir / "config.json").exists():
         return model_dir
-    cfg = train.parse_config(
+    cfg = parse_config(
         [
             "--task",
             "seq",
@@ -85,7 +86,7 @@ def prepare(out: Path) -> Path:
         ]
     )
     torch.manual_seed(cfg.seed)
-    task = train.SeqTask(cfg, torch.device("cpu"))
+    task = SeqTask(cfg, torch.device("cpu"))
     policy = task.build_policy()
     policy.save_pretrained(model_dir)
     vocab = {str(d): d for d in range(10)}
@@ -116,7 +117,8 @@ def run_ours(out: Path, steps: int) -> dict:
     rss0 = _rss_mb()
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (same library baseline as TRL's)
 
-    from rpg_ref import train
+    from rpg_ref.cli import parse_config
+    from rpg_ref.train import train
 
     rss_imports = _rss_mb()
     c = COMMON
@@ -156,7 +158,7 @@ def run_ours(out: Path, steps: int) -> dict:
         "16",
         *model_flags(),
     ]
-    train.train(train.parse_config(argv))
+    train(parse_config(argv))
     rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
     times = [r["time_step"] for r in rows[1:-1]]
     return {

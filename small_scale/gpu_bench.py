@@ -135,10 +135,11 @@ def train_argv(name: str, args, out: Path) -> list:
 def run_one(name: str, args, result_file: Path) -> None:
     """Child process: train one model (checkpoints off) and write its numbers to result_file."""
     from rpg_ref import train
+    from rpg_ref.cli import parse_config
 
     train.save_checkpoint = lambda *a, **k: None  # benchmark: no 16-48 GB checkpoint writes
     with tempfile.TemporaryDirectory(prefix=f"gpu-bench-{name}-") as tmp:
-        cfg = train.parse_config(train_argv(name, args, Path(tmp) / "run"))
+        cfg = parse_config(train_argv(name, args, Path(tmp) / "run"))
         s = train.train(cfg)
         rows = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     import torch

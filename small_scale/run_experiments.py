@@ -10,7 +10,7 @@ rpg_ref.train, then keep commit-size logs that paper_figs reads.
 A config (the one source of truth for an experiment) holds ``common`` trainer flags, ``runs``
 (name -> label and extra flags; flags are rpg-train's, written as JSON keys: "eval_every": 10 is
 ``--eval-every 10``), ``seeds``, ``groups`` (figure subsets), ``log_keys`` and ``log_every``. Every
-(run, seed) is parsed by rpg_ref.train.parse_config before anything trains, so a bad config fails
+(run, seed) is parsed by rpg_ref.cli.parse_config before anything trains, so a bad config fails
 at once. Full outputs (checkpoints included) go to --runs-dir; small_scale/logs/<exp>/ keeps
 experiment.json, and per run and seed: metrics.jsonl (log_keys only, every log_every steps and
 every evaluation step, floats to 6 significant digits), summary.json and config.json.
@@ -96,10 +96,22 @@ def trim_metrics(src: Path, keys: list, every: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def portable(config: dict) -> dict:
+    """The run's config with its folders relative to the repository (the logs are committed:
+    they must not carry the paths of the machine that produced them)."""
+    out = dict(config)
+    for key in ("out", "cache_dir", "resume"):
+        if out.get(key) and Path(out[key]).is_absolute():
+            p = Path(out[key])
+            out[key] = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+    return out
+
+
 def run_one(job: tuple) -> tuple:
     """Train one (run, seed) in this process; copy its trimmed logs. Returns (run, seed, seconds)."""
     exp, run, seed, argv, log_dir, keys, every = job
-    from rpg_ref.train import parse_config, train
+    from rpg_ref.cli import parse_config
+    from rpg_ref.train import train
     t0 = time.perf_counter()
     out = Path(argv[argv.index("--out") + 1])
     if out.exists():
@@ -113,8 +125,10 @@ def run_one(job: tuple) -> tuple:
     (dst / "metrics.jsonl").write_text(trim_metrics(out / "metrics.jsonl", keys, every))
     summary = json.loads((out / "summary.json").read_text())
     summary["runner_wall_time_s"] = wall
+    summary["config"] = portable(summary["config"])
     (dst / "summary.json").write_text(json.dumps(summary, indent=1))
-    shutil.copy(out / "config.json", dst / "config.json")
+    config = portable(json.loads((out / "config.json").read_text()))
+    (dst / "config.json").write_text(json.dumps(config, indent=1))
     return run, seed, wall
 
 
@@ -134,7 +148,7 @@ def main(argv=None) -> int:
     if a.workers < 1:
         ap.error(f"--workers must be >= 1, got {a.workers}")
 
-    from rpg_ref.train import parse_config
+    from rpg_ref.cli import parse_config
     exps = EXPERIMENTS if a.exp == "all" else (a.exp,)
     jobs, specs, pairs = [], {}, 0
     for exp in exps:                                  # validate everything before training anything

@@ -67,9 +67,9 @@ def test_refuses_without_a_gpu(capsys):
 def test_benchmark_flags_are_a_valid_trainer_config(tmp_path):
     """The flags the benchmark hands to rpg-train parse into the intended configuration: math task,
     HF engine, 2K responses, fp32 master weights + bf16 autocast, checkpointing, no export/eval."""
-    train = pytest.importorskip("rpg_ref.train")
+    cli = pytest.importorskip("rpg_ref.cli")
     args = gb.argparse.Namespace(prompts=4, group=8, updates=2, steps=3, max_new_tokens=2048)
-    cfg = train.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o"))
+    cfg = cli.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o"))
     assert (cfg.task, cfg.engine, cfg.max_new_tokens, cfg.device) == ("math", "hf", 2048, "cuda")
     assert (cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size, cfg.micro_batch_size) == (2, 1)
     o = cfg.task_options

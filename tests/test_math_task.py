@@ -1,4 +1,4 @@
-"""The math task (rpg_ref/math_task.py) on a tiny random Qwen3 with the real Qwen3 tokenizer and the
+"""The math task (rpg_ref/tasks/math.py) on a tiny random Qwen3 with the real Qwen3 tokenizer and the
 real AIME/AMC problems: end-to-end training, resume, export, rpg-eval; prompts, rewards, the policy
 wrapper's precision and gradient checkpointing; refusals of bad options."""
 
@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from rpg_ref import train
+from rpg_ref import cli
+from rpg_ref.interfaces import Prompt
 from rpg_ref.math_data import data_dir
 
 CONFIG = data_dir() / "models" / "qwen3-0.6b" / "config.json"
@@ -53,7 +54,7 @@ def _argv(model: str, out: Path, *extra) -> list:
 
 
 def _cfg(tiny_config, tmp_path, *extra):
-    return train.parse_config(_argv(tiny_config, tmp_path / "run", *extra))
+    return cli.parse_config(_argv(tiny_config, tmp_path / "run", *extra))
 
 
 def _assert_same_weights(exported: dict, trained: dict) -> None:
@@ -85,10 +86,10 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     from safetensors.torch import load_file
 
     from rpg_ref import evaluation
-    from rpg_ref.math_task import main as math_task_main
+    from rpg_ref.tasks.math import main as math_task_main
 
     out = tmp_path / "run"
-    assert train.main(_argv(tiny_config, out)) == 0
+    assert cli.main(_argv(tiny_config, out)) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -112,7 +113,7 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     _assert_same_weights(exported, load_file(ckpt / "model.safetensors"))
 
     # resume: one more step, the stored config (task options included) is reused
-    assert train.main(["--resume", str(out), "--steps", "3", "--no-progress"]) == 0
+    assert cli.main(["--resume", str(out), "--steps", "3", "--no-progress"]) == 0
     assert [r["step"] for r in _rows(out)] == [1, 2, 3]
 
     # rpg-eval on the exported checkpoint (config, weights and tokenizer in OUT/hf)
@@ -144,7 +145,7 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
     reminder, ending with Qwen3's non-thinking assistant header; --math-prompt boxed gives the
     \\boxed{} variant and --math-enable-thinking drops the empty think block."""
     from rpg_ref.math_reward import PAPER_INSTRUCTION, PAPER_REMINDER
-    from rpg_ref.math_task import MathTask
+    from rpg_ref.tasks.math import MathTask
 
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0"), torch.device("cpu"))
     ps = task.sample_prompts(8, torch.Generator().manual_seed(3))
@@ -171,7 +172,7 @@ def test_reward_of_decoded_responses(tiny_config, tmp_path, scoring, right, wron
     answer on the last 'Answer:' line (AMC23's float golds such as 27.0 written as integers, with
     the EOS token kept) scores `right`, a wrong number or no answer line scores `wrong`;
     correct is True exactly for the former."""
-    from rpg_ref.math_task import MathTask
+    from rpg_ref.tasks.math import MathTask
 
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-scoring", scoring),
                     torch.device("cpu"))
@@ -182,7 +183,7 @@ def test_reward_of_decoded_responses(tiny_config, tmp_path, scoring, right, wron
         g = int(float(p.answer))
         texts += [f"We compute.\nAnswer: {g}", f"Answer: {g + 1}", "I do not know."]
     responses = [tok(t, add_special_tokens=False)["input_ids"] + [task.eos_id] for t in texts]
-    prompts = [train.Prompt(ids=[0], answer=p.answer) for p in probs for _ in range(3)]
+    prompts = [Prompt(ids=[0], answer=p.answer) for p in probs for _ in range(3)]
     r, correct = task.reward(prompts, responses)
     assert r.tolist() == [right, wrong, wrong] * 6
     assert correct.tolist() == [True, False, False] * 6
@@ -205,7 +206,7 @@ def test_gradient_checkpointing_recomputes_layers_in_eval_mode_with_identical_gr
     """With --math-gradient-checkpointing each decoder layer runs forward twice per
     forward+backward (once more in the backward recompute) although the trainer keeps the policy
     in eval mode, and the gradients are bitwise those without checkpointing (CPU, same kernels)."""
-    from rpg_ref.math_task import MathPolicy, load_hf_model
+    from rpg_ref.tasks.math import MathPolicy, load_hf_model
 
     torch.manual_seed(0)
     model = load_hf_model(tiny_config)
@@ -236,7 +237,7 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     """--math-dtype bf16-autocast: parameters (the optimizer's master weights) stay float32 and
     the forward's matrix products run in bf16 (bf16 logits), in generation too; float32 computes
     float32 logits; --math-dtype bfloat16 stores bf16 parameters."""
-    from rpg_ref.math_task import MathPolicy, load_hf_model
+    from rpg_ref.tasks.math import MathPolicy, load_hf_model
 
     torch.manual_seed(0)
     ids = torch.tensor([[785, 3974, 13876, 38835]])
@@ -269,7 +270,7 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     (["--math-train-data", "no/such.jsonl"], "does not exist"),
 ])
 def test_bad_math_options_are_refused_before_any_work(tiny_config, tmp_path, extra, msg):
-    from rpg_ref.math_task import MathTask
+    from rpg_ref.tasks.math import MathTask
 
     with pytest.raises(ValueError, match=msg):
         MathTask(_cfg(tiny_config, tmp_path, *extra), torch.device("cpu"))
@@ -278,7 +279,7 @@ def test_bad_math_options_are_refused_before_any_work(tiny_config, tmp_path, ext
 def test_bad_model_is_refused(tiny_config, tmp_path):
     """A folder with neither weights nor config.json, and a config whose vocabulary is smaller
     than the tokenizer's, are refused with a message naming the problem."""
-    from rpg_ref.math_task import MathTask
+    from rpg_ref.tasks.math import MathTask
 
     (tmp_path / "empty").mkdir()
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
@@ -298,25 +299,27 @@ def test_bad_model_is_refused(tiny_config, tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
-def test_trainer_registers_math_vllm_and_the_presets_of_rpg_ref_presets():
-    """rpg-train resolves --task math and --engine vllm (the class, importable without vLLM) and its
-    math presets are exactly rpg_ref.presets.trainer_presets() (one source of truth)."""
-    from rpg_ref.engines.vllm_engine import VLLMEngine
-    from rpg_ref.math_task import MathTask
-    from rpg_ref.presets import trainer_presets
+def test_trainer_registers_math_and_vllm_and_the_math_presets_are_the_papers_recipe():
+    """rpg-train resolves --task math and --engine vllm (the class, importable without vLLM); the
+    math presets are the paper's recipe (config.PAPER_RECIPE) at 2K/4K/8K, and `math` is it on the
+    task's default engine."""
+    from rpg_ref.config import PAPER_RECIPE, PRESETS
+    from rpg_ref.engines.vllm import VLLMEngine
+    from rpg_ref.registry import ENGINES, TASKS, resolve
+    from rpg_ref.tasks.math import MathTask
 
-    assert train._resolve(train.TASKS, "math", "task") is MathTask
-    assert train._resolve(train.ENGINES, "vllm", "engine") is VLLMEngine
-    for name, values in trainer_presets().items():
-        assert train.PRESETS[name] == values, name
-    assert train.PRESETS["qwen3-4b-h100"]["engine"] == "vllm" and "engine" not in train.PRESETS["math"]
+    assert resolve(TASKS, "math", "task") is MathTask
+    assert resolve(ENGINES, "vllm", "engine") is VLLMEngine
+    for name in ("qwen3-4b-h100", "qwen3-4b-h100-4k", "qwen3-4b-h100-8k"):
+        assert {k: v for k, v in PRESETS[name].items() if k != "max_new_tokens"} == PAPER_RECIPE
+    assert PRESETS["qwen3-4b-h100"]["engine"] == "vllm" and "engine" not in PRESETS["math"]
 
 
 def test_vllm_weight_names_of_the_wrapped_policy_are_the_hf_names(tiny_config):
     """The vLLM engine's weight mapping turns MathPolicy's parameter names ("module." + HF name)
     back into the HF checkpoint's names that vLLM's load_weights expects (tied lm_head dropped)."""
-    from rpg_ref.engines.vllm_engine import hf_to_vllm_weights
-    from rpg_ref.math_task import MathPolicy, load_hf_model
+    from rpg_ref.engines.vllm import hf_to_vllm_weights
+    from rpg_ref.tasks.math import MathPolicy, load_hf_model
 
     model = load_hf_model(tiny_config)
     names = [n for n, _ in hf_to_vllm_weights(MathPolicy(model).named_parameters(), True)]

@@ -3,24 +3,29 @@ import dataclasses
 
 import pytest
 
-from rpg_ref.presets import MATH_PRESETS, MATH_TASK_OPTIONS, PAPER_HPARAMS
+from rpg_ref.config import PAPER_HPARAMS, PRESETS
 
 
-def test_presets_use_only_trainer_config_fields():
-    train = pytest.importorskip("rpg_ref.train")
-    fields = {f.name for f in dataclasses.fields(train.Config)}
-    for name, p in MATH_PRESETS.items():
+def test_presets_use_only_trainer_config_fields_and_registered_options(tmp_path):
+    """Every preset key is a Config field or a registered task's/engine's option flag, and every
+    preset parses into a valid configuration."""
+    cli = pytest.importorskip("rpg_ref.cli")
+    from rpg_ref.config import Config
+
+    fields = {f.name for f in dataclasses.fields(Config)} | {d for d, *_ in cli.option_flags()}
+    for name, p in PRESETS.items():
         assert set(p) <= fields, (name, set(p) - fields)
-        assert name in MATH_TASK_OPTIONS
+        cfg = cli.parse_config(["--preset", name, "--out", str(tmp_path / name)])
+        assert cfg.preset == name
 
 
 def test_qwen3_4b_h100_is_the_papers_recipe_on_one_gpu():
-    p = MATH_PRESETS["qwen3-4b-h100"]
+    p = PRESETS["qwen3-4b-h100"]
     assert (p["lr"], p["weight_decay"], p["grad_clip"], p["steps"], p["warmup_steps"]) == (1e-6, 0.1, 1.0, 400, 10)
     assert (p["prompts_per_step"], p["group_size"], p["temperature"], p["beta"]) == (512, 16, 1.0, 1e-4)
     assert p["clip"][:2] == [0.2, 0.28] and p["ref"] == "iterative"
     # 512 x 16 responses per rollout batch / 512 per optimizer step = 16 optimizer steps, as on 8 GPUs
     assert p["prompts_per_step"] * p["group_size"] // p["mini_batch_size"] == 16
     assert p["mini_batch_size"] % p["micro_batch_size"] == 0
-    assert [MATH_PRESETS[f"qwen3-4b-h100{s}"]["max_new_tokens"] for s in ("", "-4k", "-8k")] == \
+    assert [PRESETS[f"qwen3-4b-h100{s}"]["max_new_tokens"] for s in ("", "-4k", "-8k")] == \
         list(PAPER_HPARAMS["response_lengths"])

@@ -7,6 +7,7 @@ noise of the logged means (stated per test).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,8 +24,10 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from rpg_ref import train
+from rpg_ref import cli, config, train
+from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.losses import LOSSES
+from rpg_ref.tasks.bandit import kl_regularized_optimum
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +39,7 @@ def cache_dir(tmp_path_factory):
 
 
 def run(argv: list) -> dict:
-    return train.train(train.parse_config(argv + ["--no-progress"]))
+    return train.train(cli.parse_config(argv + ["--no-progress"]))
 
 
 def rows(out) -> list:
@@ -63,7 +66,7 @@ def test_kl_regularized_optimum_is_the_maximizer(div):
     ref = rng.dirichlet(np.ones(6))
     R = rng.normal(size=6)
     beta = 0.3
-    p = train.kl_regularized_optimum(ref, R, beta, div)
+    p = kl_regularized_optimum(ref, R, beta, div)
     assert abs(p.sum() - 1) < 1e-12 and (p > 0).all()
     grad_d = np.log(p / ref) + 1 if div == "rkl" else -ref / p  # dD/dp_i
     g = R - beta * grad_d
@@ -333,7 +336,7 @@ class _FakeTask:
     def sample_prompts(self, n, gen):
         out = []
         for _ in range(n):
-            out.append(train.Prompt(ids=[self.k + 1], answer=self.k))
+            out.append(Prompt(ids=[self.k + 1], answer=self.k))
             self.k += 1
         return out
 
@@ -348,7 +351,7 @@ class _FakeEngine:
         for p in prompts:
             k = p[0] - 1
             resp += [[1]] * n if k % 2 == 0 else [[i % 2] for i in range(n)]
-        return train.Generation(resp, None)
+        return Generation(resp, None)
 
 
 @pytest.mark.parametrize("rounds,filled", [(8, 1), (2, 0)])
@@ -357,7 +360,7 @@ def test_dynamic_sampling_refills_and_caps(tmp_path, rounds, filled):
     the batch holds prompts_per_step informative groups; with the round cap hit it completes the
     batch with dropped groups and reports dyn_filled = 0.
     Prompts 0,1,2 (round 1) keep 1; prompts 3,4 (round 2) keep 3; prompt 5 (round 3) keeps 5."""
-    cfg = train.parse_config(
+    cfg = cli.parse_config(
         [
             "--task",
             "bandit",
@@ -398,7 +401,7 @@ VOLATILE = ("time_", "_per_s", "peak_mem_mb")
 def _cli(argv, **kw):
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "rpg_ref.train", *argv, "--no-progress"],
+        [sys.executable, "-m", "rpg_ref.cli", *argv, "--no-progress"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -475,7 +478,7 @@ def test_resume_after_sigkill_is_bitwise_identical(tmp_path, cache_dir):
 @pytest.mark.parametrize(
     "argv,msg",
     [
-        (["--algo", "ppo-foo"], "unknown algorithm"),
+        (["--algo", "ppo-foo"], "unknown loss .ppo-foo.; valid names"),
         (["--task", "chess"], "unknown task"),
         (["--group-size", "1", "--mini-batch-size", "8"], "group baseline"),
         (["--algo", "grpo", "--group-size", "1", "--mini-batch-size", "8"], "group baseline"),
@@ -497,7 +500,7 @@ def test_bad_configuration_is_refused_before_any_work(tmp_path, argv, msg):
     """parse_config raises a ValueError naming the problem, and nothing is written."""
     out = tmp_path / "o"
     with pytest.raises(ValueError, match=msg):
-        train.parse_config(argv + ["--out", str(out)])
+        cli.parse_config(argv + ["--out", str(out)])
     assert not out.exists()
 
 
@@ -507,13 +510,13 @@ def test_output_folder_with_another_run_is_refused_unless_resume(tmp_path, capsy
     out = str(tmp_path / "o")
     run(["--task", "bandit", "--steps", "2", "--out", out])
     with pytest.raises(ValueError, match=r"different config \(fields \['seed'\]\).*--resume"):
-        train.parse_config(["--task", "bandit", "--steps", "2", "--seed", "1", "--out", out])
+        cli.parse_config(["--task", "bandit", "--steps", "2", "--seed", "1", "--out", out])
     with pytest.raises(ValueError, match="the same config"):
-        train.parse_config(["--task", "bandit", "--steps", "2", "--out", out])
-    assert train.main(["--task", "bandit", "--seed", "3", "--out", out]) == 2
+        cli.parse_config(["--task", "bandit", "--steps", "2", "--out", out])
+    assert cli.main(["--task", "bandit", "--seed", "3", "--out", out]) == 2
     assert "already holds a run" in capsys.readouterr().err
     with pytest.raises(ValueError, match="flags differ"):
-        train.parse_config(["--resume", out, "--lr", "0.5"])
+        cli.parse_config(["--resume", out, "--lr", "0.5"])
     s = run(["--resume", out, "--steps", "4"])  # extending is allowed
     assert [x["step"] for x in rows(out)] == [1, 2, 3, 4] and s["steps_done"] == 4
 
@@ -526,20 +529,20 @@ def test_output_folder_with_another_run_is_refused_unless_resume(tmp_path, capsy
 def test_help_is_generated_from_the_dataclass_and_presets_are_overridable():
     """--help lists every Config field with its help text; a preset sets values, an explicit flag
     overrides it, --task picks the preset of the same name, no arguments = the seq preset."""
-    text = " ".join(train.build_parser().format_help().split())
-    for f in train.dataclasses.fields(train.Config):
+    text = " ".join(cli.build_parser().format_help().split())
+    for f in dataclasses.fields(config.Config):
         if f.metadata.get("cli", True):
             assert "--" + f.name.replace("_", "-") in text
             assert " ".join(f.metadata["help"].split())[:40] in text, f.name
-    cfg = train.parse_config(["--preset", "bandit", "--lr", "0.01"])
-    assert (cfg.task, cfg.lr, cfg.steps) == ("bandit", 0.01, train.PRESETS["bandit"]["steps"])
+    cfg = cli.parse_config(["--preset", "bandit", "--lr", "0.01"])
+    assert (cfg.task, cfg.lr, cfg.steps) == ("bandit", 0.01, config.PRESETS["bandit"]["steps"])
     assert (
-        train.parse_config(["--task", "bandit"]).group_size == train.PRESETS["bandit"]["group_size"]
+        cli.parse_config(["--task", "bandit"]).group_size == config.PRESETS["bandit"]["group_size"]
     )
-    cfg = train.parse_config([])
+    cfg = cli.parse_config([])
     assert (cfg.preset, cfg.task, cfg.algo) == ("seq", "seq", "rpg-reinforce-urkl")
-    assert train.parse_config(["--no-clip"]).clip is None
-    assert train.parse_config(["--algo", "dapo"]).beta == 0.0
+    assert cli.parse_config(["--no-clip"]).clip is None
+    assert cli.parse_config(["--algo", "dapo"]).beta == 0.0
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 verl = pytest.importorskip("verl", reason="verl is not installed in this environment: the verl plugin "
-                           "test runs in its own venv (.ci/run creates /work/venv-verl or .venv-verl)")
+                           "test runs in its own venv, .venv-verl, which .ci/run creates")
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 

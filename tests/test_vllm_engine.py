@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from rpg_ref.engines import vllm_engine as ve
+from rpg_ref.engines import vllm as ve
 
 
 def test_module_imports_without_vllm():

@@ -1,4 +1,6 @@
-"""Rollout engines that live outside rpg_ref.train (optional dependencies, imported lazily).
+"""Engines: who samples responses (the Engine protocol of rpg_ref.interfaces).
 
-    rpg_ref.engines.vllm_engine.VLLMEngine   colocated vLLM with sleep/wake and verified weight sync
+    hf       transformers ``generate`` on the policy module itself
+    sample   a plain autoregressive sampler for any policy module (the bandit's)
+    vllm     colocated vLLM with sleep/wake and a verified weight sync (optional dependency)
 """

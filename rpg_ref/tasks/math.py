@@ -3,7 +3,7 @@
     rpg-train --task math --math-model Qwen/Qwen3-0.6B --engine hf ...        (any GPU, or CPU)
     rpg-train --preset qwen3-4b-h100 --engine vllm                              (the paper's run)
 
-What it plugs into rpg_ref/train.py (the Task protocol there):
+What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
 
   prompts   a training problem through the model's chat template with the paper's instruction
             ("... The last line of your response should be of the form Answer: $Answer ...") or the
@@ -29,7 +29,7 @@ What it plugs into rpg_ref/train.py (the Task protocol there):
             without any change to the training loop.
   export    at the end of a run the final policy is saved as a plain Hugging Face checkpoint with
             its tokenizer in OUT/hf (what rpg-eval --model and vLLM load); any trainer checkpoint
-            can be exported with ``python -m rpg_ref.math_task export OUT [DEST]``.
+            can be exported with ``python -m rpg_ref.tasks.math export OUT [DEST]``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from rpg_ref.interfaces import Prompt
 
 PROMPT_STYLES = ("answer", "boxed")
 SCORINGS = ("pm1", "binary")
@@ -72,7 +74,7 @@ class MathPolicy(nn.Module):
         attention dropout (read from the attention module's flag) stays off.
 
     The wrapped model is ``self.module``: parameter names gain a ``module.`` prefix (as under
-    DDP), which rpg_ref.engines.vllm_engine strips before loading weights into vLLM.
+    DDP), which rpg_ref.engines.vllm strips before loading weights into vLLM.
     """
 
     def __init__(self, model: nn.Module, dtype: str = "float32", gradient_checkpointing: bool = False):
@@ -178,7 +180,7 @@ def _default_tokenizer_dir(model_spec: str) -> str:
 
 
 class MathTask:
-    """rpg_ref.train's Task protocol for math reasoning (module docstring)."""
+    """The Task protocol for math reasoning (module docstring)."""
 
     name = "math"
     default_engine = "hf"
@@ -311,8 +313,6 @@ class MathTask:
         return MathPolicy(model, o.dtype, o.gradient_checkpointing)
 
     def sample_prompts(self, n: int, gen: torch.Generator):
-        from rpg_ref.train import Prompt
-
         idx = torch.randperm(len(self.train), generator=gen)[:n].tolist()  # n distinct problems
         return [Prompt(ids=list(self.train[i][1]), answer=self.train[i][0].answer) for i in idx]
 
@@ -379,14 +379,14 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
     checkpoint in ``dest`` (default OUT/hf). Rebuilds the policy from OUT/config.json."""
     from safetensors.torch import load_model
 
-    from rpg_ref import train
+    from rpg_ref.config import Config
 
     out = Path(out)
     latest = out / "checkpoints" / "LATEST"
     if not (out / "config.json").is_file() or not latest.is_file():
         raise ValueError(f"{out}: not a run folder with a checkpoint (need config.json and "
                          f"checkpoints/LATEST)")
-    cfg = train.Config(**json.loads((out / "config.json").read_text()))
+    cfg = Config(**json.loads((out / "config.json").read_text()))
     if cfg.task != "math":
         raise ValueError(f"{out}: a {cfg.task!r} run, not a math run")
     task = MathTask(cfg, torch.device("cpu"))
@@ -396,7 +396,7 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rpg_ref.math_task",
+    ap = argparse.ArgumentParser(prog="python -m rpg_ref.tasks.math",
                                  description="Export a math run's latest checkpoint as an HF checkpoint.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="OUT/checkpoints/LATEST -> DEST (default OUT/hf)")

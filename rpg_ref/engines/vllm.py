@@ -2,7 +2,7 @@
 
 Supported vLLM: SUPPORTED_VLLM = ">=0.10.2,<0.12" (V1 engine). Only vLLM's documented RLHF surface is
 used (vLLM's offline_inference/rlhf_* examples and the sleep-mode docs of that range):
-    LLM(model, enable_sleep_mode=True, worker_extension_cls="rpg_ref.engines.vllm_engine.RPGWorkerExtension",
+    LLM(model, enable_sleep_mode=True, worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
         gpu_memory_utilization, seed, logprobs_mode="processed_logprobs")
     llm.generate(TokensPrompt(prompt_token_ids), SamplingParams(n, temperature, top_p, max_tokens,
                  logprobs=0, seed))                       # logprobs=0: the sampled token's log-prob only
@@ -268,8 +268,8 @@ class _VLLMBackend:
 
 
 class VLLMEngine:
-    """The rpg_ref.train Engine protocol on a colocated vLLM (register as
-    "rpg_ref.engines.vllm_engine:VLLMEngine" in train.ENGINES)."""
+    """The Engine protocol (rpg_ref.interfaces) on a colocated vLLM (registered as "vllm" in
+    rpg_ref.registry.ENGINES)."""
 
     @dataclass
     class Options:
@@ -317,7 +317,7 @@ class VLLMEngine:
         return vllm.LLM(model=path, tokenizer=tok_path, dtype="bfloat16", seed=seed,
                         gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
                         enable_sleep_mode=True, enforce_eager=opt.enforce_eager,
-                        worker_extension_cls="rpg_ref.engines.vllm_engine.RPGWorkerExtension",
+                        worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
                         logprobs_mode="processed_logprobs")
 
     @classmethod
@@ -343,8 +343,8 @@ class VLLMEngine:
         return self.sm.generate(prompts, n, temperature, top_p, max_new_tokens, seed, self.eos_id)
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens):
-        """rpg_ref.train's Engine.generate: a train.Generation (log-probs None when greedy)."""
-        from rpg_ref.train import Generation
+        """Engine.generate: a Generation (log-probs None when greedy)."""
+        from rpg_ref.interfaces import Generation
         pairs = self.generate_pairs(prompts, n, temperature, top_p, max_new_tokens)
         return Generation([p[0] for p in pairs], None if temperature == 0 else [p[1] for p in pairs])
 

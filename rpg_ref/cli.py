@@ -1,0 +1,156 @@
+"""rpg-train's command line: flags -> a validated Config -> rpg_ref.train.train.
+
+    rpg-train [--preset NAME] [--<field> VALUE ...] [--<task>-<option> VALUE ...]
+    rpg-train --resume OUT [--steps N]
+
+The flags are generated from the Config dataclass (rpg_ref/config.py) and from every registered
+task's and engine's ``Options`` dataclass, so ``--help`` is always the dataclasses' own text.
+A bad configuration is one line on stderr and exit code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import rpg_ref.losses as L
+from rpg_ref.config import PRESETS, Config, fill_options, preset_for, validate
+from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.train import train
+
+RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every")
+
+
+def _cli_type(tp) -> Any:
+    """The element type of a field annotation (``int | None`` -> int)."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        return next(a for a in args if a is not type(None))
+    return tp
+
+
+def option_flags() -> list[tuple[str, str, dataclasses.Field, str, Any]]:
+    """(dest, flag, field, owner, type) for every registered task's and engine's Options field."""
+    out = []
+    for kind, registry in (("task", TASKS), ("engine", ENGINES)):
+        for name in registry:
+            cls = resolve(registry, name, kind, quiet=True)
+            if cls is None or not hasattr(cls, "Options"):
+                continue
+            hints = typing.get_type_hints(cls.Options)
+            for f in dataclasses.fields(cls.Options):
+                dest = f"{name}_{f.name}"
+                out.append((dest, "--" + dest.replace("_", "-"), f, f"{kind}:{name}",
+                            _cli_type(hints[f.name])))
+    return out
+
+
+def _default(f: dataclasses.Field):
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rpg-train", argument_default=argparse.SUPPRESS,
+                                description="Train with the RPG paper's losses (rpg_ref/train.py).")
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        if not f.metadata.get("cli", True):
+            continue
+        tp, flag = _cli_type(hints[f.name]), "--" + f.name.replace("_", "-")
+        helptext = f"{f.metadata['help']} (default: {_default(f)})"
+        if tp is bool and f.name.startswith("no_"):
+            p.add_argument(flag, action="store_true", help=helptext)
+        elif tp is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=helptext)
+        elif tp in (list, tuple) or "nargs" in f.metadata:
+            p.add_argument(flag, nargs=f.metadata.get("nargs", "+"), type=str, help=helptext)
+        else:
+            p.add_argument(flag, type=tp, help=helptext)
+    group = p.add_argument_group("task and engine options")
+    for dest, flag, f, owner, tp in option_flags():
+        helptext = f"[{owner}] {f.metadata.get('help', '')} (default: {_default(f)})"
+        if tp is bool:
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, help=helptext)
+        elif tp in (list, tuple) or typing.get_origin(tp) in (list, tuple):
+            elem = (typing.get_args(tp) or (str,))[0]  # list[float] -> float
+            group.add_argument(flag, dest=dest, nargs="+", type=elem, help=helptext)
+        else:
+            group.add_argument(flag, dest=dest, type=tp, help=helptext)
+    return p
+
+
+def _typed(flags: dict) -> dict:
+    """Flag strings -> config values: --clip through the loss library's parser, betas to floats."""
+    flags = dict(flags)
+    if flags.get("clip") is not None:
+        eps_low, eps_high, c = L.parse_clip(flags["clip"])
+        flags["clip"] = [eps_low, eps_high] + ([c] if c is not None else [])
+    if "adam_betas" in flags:
+        flags["adam_betas"] = [float(v) for v in flags["adam_betas"]]
+    return flags
+
+
+def parse_config(argv: list | None = None) -> Config:
+    """argv -> validated Config. Raises ValueError with a clear message on a bad configuration."""
+    flags = vars(build_parser().parse_args(argv))
+    if "resume" in flags:
+        return _resume_config(flags)
+    name = preset_for(flags.get("task"), flags.get("preset"))
+    values = {**copy.deepcopy(PRESETS[name]), **_typed(flags), "preset": name}
+    if flags.get("no_clip") and "clip" not in flags:
+        values["clip"] = None  # --no-clip beats a preset's clip
+    owners = {dest: owner for dest, _, _, owner, _ in option_flags()}
+    options = {k: values.pop(k) for k in list(values) if k in owners}
+    cfg = Config(**values)
+    if "beta" not in flags and cfg.algo in L.LOSSES:
+        cfg.beta = L.default_beta(cfg.algo, cfg.beta)  # e.g. dapo: no KL, so 0 unless asked
+    if cfg.out is None:
+        cfg.out = f"runs/{cfg.task}-{cfg.algo}-s{cfg.seed}"
+    fill_options(cfg, options, owners)
+    validate(cfg)
+    return cfg
+
+
+def _resume_config(flags: dict) -> Config:
+    out = Path(flags["resume"])
+    path = out / "config.json"
+    if not path.exists():
+        raise ValueError(f"--resume {out}: no run there ({path} not found)")
+    stored = json.loads(path.read_text())
+    cfg = Config(**stored)
+    given = _typed({k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume")})
+    differ = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k, None) != v}
+    if differ:
+        raise ValueError(f"--resume {out}: flags differ from the stored run's config: {differ}; only "
+                         f"{sorted(RESUME_CHANGEABLE)} may change on resume")
+    for k in RESUME_CHANGEABLE:
+        if k in flags:
+            setattr(cfg, k, flags[k])
+    cfg.resume = str(out)
+    validate(cfg)
+    return cfg
+
+
+def main(argv: list | None = None) -> int:
+    try:
+        cfg = parse_config(argv)
+    except ValueError as e:
+        print(f"rpg-train: {e}", file=sys.stderr)
+        return 2
+    s = train(cfg)
+    f = s["final"]
+    print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
+          f"accuracy={f.get('accuracy', float('nan')):.3f}"
+          + (f"  tv_distance={s['tv_distance']:.4f}" if s.get("tv_distance") is not None else "")
+          + "".join(f"  {k}={v:.3f}" for k, v in s["eval"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""What a run reports: OUT/metrics.jsonl (one JSON object per step), TensorBoard, the progress
+bar, and the memory probes.
+
+    key                    meaning
+    step                   training step = one rollout batch and its inner optimizer loop (1-based)
+    reward                 mean reward of the batch (incl. overlong penalty), pi_old samples
+    accuracy               fraction of responses the task's verifier marks correct
+    entropy                token-mean entropy of pi_old (temperature-scaled) on the response tokens
+    response_len           mean response length in tokens (EOS included)
+    kl_old                 mean over mini-batches of stats["kl_old"], token-level KL(pi_theta||pi_old)
+    kl_old_last            the running estimate (window = one pass) when the inner loop ended
+    kl_ref                 token-mean k3 estimate of KL(pi_old || pi_ref) at rollout (0: iterative ref)
+    kl_loss                mean over mini-batches of stats["kl"], the loss's own divergence estimate
+    clip_frac_low/high/dual mean fractions of units clipped by the low / high / dual bound
+    ratio_mean             mean importance ratio w over the mini-batches
+    loss                   mean loss value over the mini-batches that were stepped
+    grad_norm              mean gradient norm before clipping
+    updates                optimizer steps taken this step (<= K); early_stop 1 if kappa stopped it
+    lr                     learning rate used this step
+    logprob_diff_max       max |sampler log-prob - recomputed log-prob| (engines that report them)
+    dyn_rounds, dyn_kept   DAPO dynamic sampling: generation rounds, groups with non-constant rewards
+    dyn_filled             1 if the batch was filled with informative groups, 0 if the cap was hit
+    gen_tokens_per_s       generated tokens / rollout seconds
+    train_tokens_per_s     response tokens processed by the optimizer loop / update seconds
+    time_rollout, time_scoring, time_logprob, time_update, time_step   seconds per phase
+    peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
+    eval_*                 task evaluation (every --eval-every steps and at the end)
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import resource
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rpg_ref.checkpoint import atomic_write
+
+
+class MetricsLog:
+    """OUT/metrics.jsonl (+ TensorBoard). On resume, rows after the checkpoint's step are dropped."""
+
+    def __init__(self, out: Path, start_step: int, tensorboard: bool):
+        self.path = out / "metrics.jsonl"
+        if self.path.exists():
+            rows = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
+            keep = [ln for ln in rows if json.loads(ln)["step"] <= start_step]
+            atomic_write(self.path, "".join(ln + "\n" for ln in keep))
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tb"))
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()  # survives a killed process (the OS holds the data)
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, row["step"])
+
+
+class Progress:
+    """A tqdm bar when tqdm is installed, else one line per step (or nothing when disabled)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.bar, self.enabled = None, enabled
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, initial=initial, desc="rpg-train", dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def update(self, step: int, total: int, row: dict) -> None:
+        msg = {k: f"{row[k]:.3g}" for k in ("reward", "accuracy", "kl_old", "entropy") if k in row}
+        if self.bar is not None:
+            self.bar.set_postfix(msg)
+            self.bar.update(1)
+        elif self.enabled:
+            print(f"step {step}/{total} " + " ".join(f"{k}={v}" for k, v in msg.items()), flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory in MiB: CUDA max allocated on GPU; on CPU the process's peak RSS (VmHWM).
+
+    VmHWM belongs to this process image; ru_maxrss is not used on Linux because it carries over the
+    peak of a parent that forked us (a big parent would inflate it).
+    """
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; elsewhere approx.
+
+
+def live_parameter_count() -> int:
+    """Elements in all nn.Parameter objects alive in this process (counts every model copy)."""
+    gc.collect()
+    seen, n = set(), 0
+    for obj in gc.get_objects():
+        if issubclass(type(obj), nn.Parameter) and id(obj) not in seen:
+            seen.add(id(obj))
+            n += obj.numel()
+    return n
