@@ -4,7 +4,8 @@ OUT/checkpoints/step_XXXXXX/ holds model.safetensors, ref.safetensors (--ref ini
 rng.pt (python, numpy, torch, CUDA and the prompt generator's states) and state.json (the step and
 the config). A checkpoint is written into a temporary folder and renamed into place; only then is
 OUT/checkpoints/LATEST replaced (also by a rename), so a crash at any moment leaves either the old
-or the new checkpoint, never a half-written one. A run resumed from it is bitwise identical on CPU
+or the new checkpoint, never a half-written one. The latest ``keep`` checkpoints are kept
+(--keep-checkpoints; 0 keeps all). A run resumed from it is bitwise identical on CPU
 to one that was never interrupted (tests/test_train.py).
 """
 
@@ -48,8 +49,10 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator, cfg) -> None:
-    """Write checkpoints/step_XXXXXX into a temp dir, rename it into place, then point LATEST at it."""
+def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator, cfg,
+                    keep: int = 1) -> None:
+    """Write checkpoints/step_XXXXXX into a temp dir, rename it into place, point LATEST at it,
+    then delete all but the latest ``keep`` checkpoints (0: keep all)."""
     from safetensors.torch import save_model
 
     root = out / "checkpoints"
@@ -67,9 +70,18 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     atomic_write(root / "LATEST", final.name)
-    for old in root.glob("step_*"):  # keep the latest only
-        if old.name != final.name:
-            shutil.rmtree(old, ignore_errors=True)
+    older = sorted(p for p in root.glob("step_*") if p.name < final.name)
+    stale = [p for p in root.glob("step_*") if p.name > final.name]  # from before a resume: discarded
+    for old in stale + (older[: max(0, len(older) - (keep - 1))] if keep else []):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_step(out: Path) -> int:
+    """The step of run folder ``out``'s latest checkpoint (0: none yet)."""
+    latest = out / "checkpoints" / "LATEST"
+    if not latest.exists():
+        return 0
+    return json.loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
 
 
 def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:

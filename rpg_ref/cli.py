@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import rpg_ref.losses as L
-from rpg_ref.config import PRESETS, Config, fill_options, preset_for, validate
+from rpg_ref.checkpoint import latest_step
+from rpg_ref.config import DEFAULT_PRESET, PRESETS, Config, fill_options, preset_for, validate
 from rpg_ref.registry import ENGINES, TASKS, resolve
-from rpg_ref.train import train
+from rpg_ref.train import finished, prepare, train
 
-RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every")
+RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints")
 
 
 def _cli_type(tp) -> Any:
@@ -56,14 +57,19 @@ def _default(f: dataclasses.Field):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rpg-train", argument_default=argparse.SUPPRESS,
-                                description="Train with the RPG paper's losses (rpg_ref/train.py).")
-    hints = typing.get_type_hints(Config)
+    p = argparse.ArgumentParser(
+        prog="rpg-train", argument_default=argparse.SUPPRESS,
+        description=f"Train with the RPG paper's losses (rpg_ref/train.py). The defaults shown are "
+                    f"what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or --task "
+                    f"NAME) starts from another preset's values ({', '.join(PRESETS)}).")
+    hints, preset = typing.get_type_hints(Config), PRESETS[DEFAULT_PRESET]
     for f in dataclasses.fields(Config):
         if not f.metadata.get("cli", True):
             continue
         tp, flag = _cli_type(hints[f.name]), "--" + f.name.replace("_", "-")
-        helptext = f"{f.metadata['help']} (default: {_default(f)})"
+        default = (f"{preset[f.name]}, from preset {DEFAULT_PRESET!r}" if f.name in preset
+                   else _default(f))
+        helptext = f"{f.metadata['help']} (default: {default})"
         if tp is bool and f.name.startswith("no_"):
             p.add_argument(flag, action="store_true", help=helptext)
         elif tp is bool:
@@ -118,13 +124,20 @@ def parse_config(argv: list | None = None) -> Config:
 
 
 def _resume_config(flags: dict) -> Config:
+    """The stored config of run folder DIR, continued in DIR (wherever the run was first written:
+    a moved folder, or a relative --out resumed from another working directory, stays where it is)."""
     out = Path(flags["resume"])
+    if "out" in flags:
+        raise ValueError(f"--resume {out} continues the run in {out}: drop --out")
     path = out / "config.json"
-    if not path.exists():
+    if not path.is_file():
         raise ValueError(f"--resume {out}: no run there ({path} not found)")
-    stored = json.loads(path.read_text())
-    cfg = Config(**stored)
-    given = _typed({k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume")})
+    try:
+        stored = json.loads(path.read_text())
+        cfg = Config(**stored)
+    except (json.JSONDecodeError, TypeError) as e:
+        raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
+    given = _typed({k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume", "out")})
     differ = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k, None) != v}
     if differ:
         raise ValueError(f"--resume {out}: flags differ from the stored run's config: {differ}; only "
@@ -132,18 +145,26 @@ def _resume_config(flags: dict) -> Config:
     for k in RESUME_CHANGEABLE:
         if k in flags:
             setattr(cfg, k, flags[k])
-    cfg.resume = str(out)
+    cfg.resume = cfg.out = str(out)
+    reached = latest_step(out)
+    if cfg.steps < reached:
+        raise ValueError(f"--resume {out}: --steps {cfg.steps} is below the step the run has "
+                         f"reached ({reached}); pass --steps >= {reached}")
     validate(cfg)
     return cfg
 
 
 def main(argv: list | None = None) -> int:
-    try:
+    try:  # every user mistake (flags, data, model, device, folder) is caught before OUT is written
         cfg = parse_config(argv)
+        run = None if finished(cfg) else prepare(cfg)
     except ValueError as e:
         print(f"rpg-train: {e}", file=sys.stderr)
         return 2
-    s = train(cfg)
+    if run is None:
+        print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
+              f"(pass --steps N to extend it)")
+    s = train(cfg, run)
     f = s["final"]
     print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
           f"accuracy={f.get('accuracy', float('nan')):.3f}"

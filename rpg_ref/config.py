@@ -13,9 +13,12 @@ import copy
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import rpg_ref.losses as L
 from rpg_ref.advantages import ADVANTAGES, GROUP_ESTIMATORS
@@ -86,6 +89,7 @@ class Config:
     # --- logging / checkpoints ---
     eval_every: int = _f(0, "evaluate every this many steps (0 = only at the end)")
     save_every: int = _f(10, "checkpoint every this many steps (and at the end)")
+    keep_checkpoints: int = _f(1, "checkpoints kept on disk: the latest N (0 = all)")
     progress: bool = _f(True, "progress bar (tqdm when installed)")
     tensorboard: bool = _f(False, "also log to TensorBoard (needs the tensorboard package)")
     # --- filled from the task's / engine's Options (flags --<task>-<option>, --<engine>-<option>) ---
@@ -271,6 +275,9 @@ def validate(cfg: Config) -> None:
         bad(f"top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.threads < 0:
         bad(f"threads must be >= 0, got {cfg.threads}")
+    if cfg.keep_checkpoints < 0 or cfg.save_every < 1:
+        bad(f"need keep_checkpoints >= 0 and save_every >= 1; got {cfg.keep_checkpoints}, {cfg.save_every}")
+    check_device(cfg.device)
     if cfg.steps < 1 or cfg.max_new_tokens < 1:
         bad(f"steps ({cfg.steps}) and max_new_tokens ({cfg.max_new_tokens}) must be >= 1")
     if not cfg.lr > 0 or cfg.weight_decay < 0 or cfg.grad_clip < 0:
@@ -291,10 +298,42 @@ def validate(cfg: Config) -> None:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError as e:
             bad(f"--tensorboard needs the tensorboard package ({e}); pip install tensorboard")
-    if not cfg.resume and cfg.out and (Path(cfg.out) / "config.json").exists():
-        stored = json.loads((Path(cfg.out) / "config.json").read_text())
+    check_output_folder(cfg)
+
+
+def check_device(name: str) -> None:
+    """--device must name a device this machine has (checked before anything is built)."""
+    if name == "auto":
+        return
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"bad configuration: --device {name!r} is not cpu, cuda, cuda:N or auto")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "no GPU is visible" if torch.version.cuda else "this torch is a CPU-only build"
+        raise ValueError(f"bad configuration: --device {name}: CUDA is not available here ({why}); "
+                         f"use --device cpu (or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"bad configuration: --device {name}: this machine has "
+                         f"{torch.cuda.device_count()} GPU(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+
+
+def check_output_folder(cfg: Config) -> None:
+    """OUT must be a folder we can create or reuse; a new run never writes into another run."""
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"bad configuration: --out {out} exists and is not a folder; choose another --out")
+    ancestor = out
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not os.access(ancestor, os.W_OK):
+        raise ValueError(f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out")
+    if not cfg.resume and (out / "config.json").exists():
+        stored = json.loads((out / "config.json").read_text())
         diff = sorted(k for k, v in dataclasses.asdict(cfg).items()
                       if stored.get(k) != v and k not in ("progress", "tensorboard", "resume"))
         what = f"a different config (fields {diff})" if diff else "the same config"
-        bad(f"output folder {cfg.out} already holds a run with {what}; pass --resume {cfg.out} to "
-            f"continue it, or choose another --out")
+        raise ValueError(f"bad configuration: output folder {out} already holds a run with {what}; "
+                         f"pass --resume {out} to continue it, or choose another --out")

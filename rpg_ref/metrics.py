@@ -46,14 +46,23 @@ class MetricsLog:
     def __init__(self, out: Path, start_step: int, tensorboard: bool):
         self.path = out / "metrics.jsonl"
         if self.path.exists():
-            rows = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
-            keep = [ln for ln in rows if json.loads(ln)["step"] <= start_step]
+            keep = [ln for ln in self._lines() if json.loads(ln)["step"] <= start_step]
             atomic_write(self.path, "".join(ln + "\n" for ln in keep))
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(out / "tb"))
+
+    def _lines(self) -> list:
+        """The complete rows (a row cut short by a kill has no newline: its step is redone)."""
+        text = self.path.read_text() if self.path.exists() else ""
+        return [ln for ln in text[: text.rfind("\n") + 1].splitlines() if ln.strip()]
+
+    def last_row(self) -> dict:
+        """The latest row written ({} for a new run)."""
+        rows = self._lines()
+        return json.loads(rows[-1]) if rows else {}
 
     def write(self, row: dict) -> None:
         with self.path.open("a") as f:

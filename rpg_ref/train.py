@@ -35,13 +35,14 @@ import random
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rpg_ref.advantages import compute_advantages
-from rpg_ref.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from rpg_ref.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
 from rpg_ref.config import Config, loss_beta, resolved_adv, resolved_clip
 from rpg_ref.interfaces import Batch, collate
 from rpg_ref.kl import k3
@@ -208,18 +209,25 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(cfg: Config) -> dict:
-    """Run (or resume) the training described by ``cfg``; returns the summary dict."""
+class Run(NamedTuple):
+    """Everything the loop needs; built by ``prepare`` before anything is written."""
+
+    device: torch.device
+    task: Any  # rpg_ref.interfaces.Task
+    policy: nn.Module  # pi_theta; pi_old lives on as stored log-probs
+    ref: nn.Module | None  # pi_ref (--ref init), else None: pi_ref = pi_old
+    engine: Any  # rpg_ref.interfaces.Engine
+    opt: torch.optim.Optimizer
+    gen: torch.Generator  # the prompt stream
+
+
+def prepare(cfg: Config) -> Run:
+    """Build the task (reads its data), the policy (loads its model), pi_ref, the engine and the
+    optimizer. A bad input raises ValueError here, before OUT is created."""
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
                           if cfg.device == "auto" else cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if not cfg.resume:
-        atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
-
-    # --- the task, the policy pi_theta (pi_old lives on as stored log-probs), pi_ref, the engine ---
     seed_everything(cfg.seed)
     task = resolve(TASKS, cfg.task, "task")(cfg, device)
     previous_dtype = torch.get_default_dtype()  # models are built in float32 whatever the caller's
@@ -237,11 +245,30 @@ def train(cfg: Config) -> dict:
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=tuple(cfg.adam_betas), fused=fused)
     seed_everything(cfg.seed + 1)  # the same stream whether the task's artifacts were cached or not
-    gen = torch.Generator().manual_seed(cfg.seed + 2)  # prompt sampling
+    return Run(device, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2))
+
+
+def finished(cfg: Config) -> bool:
+    """A resumed run that already reached cfg.steps and wrote its summary: nothing to do."""
+    out = Path(cfg.out)
+    return bool(cfg.resume) and latest_step(out) >= cfg.steps and (out / "summary.json").is_file()
+
+
+def train(cfg: Config, run: Run | None = None) -> dict:
+    """Run (or resume) the training described by ``cfg``; returns the summary dict."""
+    out = Path(cfg.out)
+    if finished(cfg):  # leave every file as it is
+        return json.loads((out / "summary.json").read_text())
+    device, task, policy, ref, engine, opt, gen = run or prepare(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume:
+        atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
     log, bar = MetricsLog(out, start, cfg.tensorboard), Progress(cfg.steps, start, cfg.progress)
     model_params = sum(p.numel() for p in policy.parameters())
-    live_params, last_eval, row, t_run = None, {}, {}, time.perf_counter()
+    row = log.last_row()  # {} for a new run
+    last_eval = {k: v for k, v in row.items() if k.startswith("eval_")}
+    live_params, t_run = None, time.perf_counter()
 
     for step in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
@@ -297,7 +324,7 @@ def train(cfg: Config) -> dict:
         log.write(row)
         bar.update(step, cfg.steps, row)
         if step % cfg.save_every == 0 or step == cfg.steps:
-            save_checkpoint(out, step, policy, ref, opt, gen, cfg)
+            save_checkpoint(out, step, policy, ref, opt, gen, cfg, keep=cfg.keep_checkpoints)
     bar.close()
 
     if live_params is None:

@@ -12,3 +12,11 @@ def float64_default():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_working_directory(tmp_path_factory, monkeypatch):
+    """Every test runs in an empty working directory of its own: what a user's run left in the
+    checkout (runs/, caches) cannot change a test's outcome, and no test writes into the checkout
+    through a relative default path such as runs/<task>-<algo>-s<seed>."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))

@@ -64,10 +64,12 @@ def test_refuses_without_a_gpu(capsys):
     assert "no CUDA GPU is available" in capsys.readouterr().err
 
 
-def test_benchmark_flags_are_a_valid_trainer_config(tmp_path):
+def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
     """The flags the benchmark hands to rpg-train parse into the intended configuration: math task,
     HF engine, 2K responses, fp32 master weights + bf16 autocast, checkpointing, no export/eval."""
     cli = pytest.importorskip("rpg_ref.cli")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the flags, not this machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     args = gb.argparse.Namespace(prompts=4, group=8, updates=2, steps=3, max_new_tokens=2048)
     cfg = cli.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o"))
     assert (cfg.task, cfg.engine, cfg.max_new_tokens, cfg.device) == ("math", "hf", 2048, "cuda")

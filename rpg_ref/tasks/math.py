@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -157,6 +160,52 @@ def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = 
                          f"reachable Hugging Face model id ({e})") from e
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_model_source(spec: str, flag: str) -> None:
+    """``spec`` is a local file or folder, a hub id in the local Hugging Face cache, or a hub id
+    with the hub reachable. An unreachable hub is found in seconds (one connection attempt), not
+    after a minute of download retries; HF_HUB_OFFLINE=1 skips the attempt."""
+    if Path(spec).exists():
+        return
+    if not HUB_ID.fullmatch(spec):
+        raise ValueError(f"{flag} {spec!r}: no such file or folder (nor a Hugging Face id 'org/name')")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        return  # cached: works offline
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    port = urlparse(constants.ENDPOINT).port or (80 if constants.ENDPOINT.startswith("http:") else 443)
+    fix = ("download it where there is a network and pass its folder, or pass a config.json for a "
+           "randomly initialized model")
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
+                         f"and HF_HUB_OFFLINE is set: {fix}")
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as e:
+        raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
+                         f"and the hub ({host}:{port}) cannot be reached ({e}): {fix}") from e
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"not a usable tokenizer ({e})") from e
+
+
+def _flagged(flag: str, value, fn, *args, **kwargs):
+    """fn(*args, **kwargs), its ValueError prefixed by the flag (and the value, unless named)."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}" if str(value) in str(e) else f"{flag} {value}: {e}") from e
+
+
 def _default_tokenizer_dir(model_spec: str) -> str:
     """The model's own tokenizer when its folder has one, else the shared Qwen3 tokenizer."""
     from rpg_ref.math_data import data_dir
@@ -238,23 +287,33 @@ class MathTask:
         o = self.opt = self.Options(**cfg.task_options)
         self.cfg, self.device = cfg, device
         self._check_options()
-        from transformers import AutoTokenizer
-
         from rpg_ref.math_data import load_problems
         from rpg_ref.math_reward import MathReward, chat_prompt_ids
 
+        # every input is checked before anything slow: the data files, then the model's source
+        fields = {"problem": o.problem_field, "answer": o.answer_field}
+        probs = _flagged("--math-train-data", o.train_data, load_problems, o.train_data,
+                         split=o.train_split, fields=fields, limit=o.train_limit or None,
+                         drop_empty_answers=True)
+        self.eval_sets = {}
+        for spec in o.eval_data if o.eval_n else ():
+            ps = _flagged("--math-eval-data", spec, load_problems, spec, limit=o.eval_limit or None)
+            name = spec[3:] if spec.startswith("hf:") else ps[0].source
+            if name in self.eval_sets:
+                raise ValueError(f"--math-eval-data: two sets are named {name!r}")
+            self.eval_sets[name] = ps
+        check_model_source(o.model, "--math-model")
         self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(o.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        check_model_source(self.tokenizer_path, "--math-tokenizer" if o.tokenizer else "--math-model")
+        self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, _load_tokenizer,
+                                  self.tokenizer_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"tokenizer {self.tokenizer_path} has no eos token")
         self.eos_id = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_id
-        fields = {"problem": o.problem_field, "answer": o.answer_field}
 
-        # training problems and their prompt ids (tokenized once; long prompts dropped, counted)
-        probs = load_problems(o.train_data, split=o.train_split, fields=fields,
-                              limit=o.train_limit or None, drop_empty_answers=True)
+        # training prompts, tokenized once (long prompts dropped and counted)
         ids = [chat_prompt_ids(self.tokenizer, p.problem, o.prompt, o.enable_thinking) for p in probs]
         keep = [i for i, x in enumerate(ids) if not o.max_prompt_tokens or len(x) <= o.max_prompt_tokens]
         self.dropped_long = len(probs) - len(keep)
@@ -263,14 +322,6 @@ class MathTask:
             raise ValueError(f"--math-train-data {o.train_data}: {len(self.train)} usable problems "
                              f"({self.dropped_long} dropped as longer than {o.max_prompt_tokens} "
                              f"prompt tokens) < --prompts-per-step {cfg.prompts_per_step}")
-        self.eval_sets = {}
-        if o.eval_n:
-            for spec in o.eval_data:
-                ps = load_problems(spec, limit=o.eval_limit or None)  # the standard fields
-                name = spec[3:] if spec.startswith("hf:") else ps[0].source
-                if name in self.eval_sets:
-                    raise ValueError(f"--math-eval-data: two sets are named {name!r}")
-                self.eval_sets[name] = ps
         self.scorer = MathReward(style=o.prompt, scoring=o.scoring, backend=o.checker,
                                  timeout_s=o.check_timeout, num_workers=o.check_workers)
 
