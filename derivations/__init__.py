@@ -1,5 +1,6 @@
 """derivations: every claim of the RPG paper checked symbolically (sympy), exactly (float64
-enumeration through rpg_ref.losses) and statistically (Monte Carlo).
+enumeration through rpg_ref.losses) and statistically (Monte Carlo); its results tables checked for
+consistency with themselves and with the text (tables.py, on the transcription in paper_tables.py).
 
     python -m derivations [--fast] [--json FILE]     (also: rpg-verify)
 
@@ -8,11 +9,11 @@ them in report order. A check returns one row {id, label, claim, symbolic, exact
 mc_max_z, passed, seconds, status, detail}; tests/test_derivations.py calls the same functions.
 """
 
-from . import clipping, gpg, grpo_kl, k3, npg, offpolicy, token_sequence, variance  # noqa: F401
+from . import clipping, gpg, grpo_kl, k3, npg, offpolicy, tables, token_sequence, variance  # noqa: F401
 from ._core import CHECKS
 
-# report order: the issue's items 1-9 (registration order within a module)
-_ORDER = ("gpg", "offpolicy", "k3", "grpo_kl", "variance", "npg", "clipping", "token_sequence")
+# report order: items 1-9 (the math), then 10 (the results tables); registration order within a module
+_ORDER = ("gpg", "offpolicy", "k3", "grpo_kl", "variance", "npg", "clipping", "token_sequence", "tables")
 CHECKS.sort(key=lambda c: _ORDER.index(c.__module__.rsplit(".", 1)[1]))
 
 __all__ = ["CHECKS", "run_all"]

@@ -7,7 +7,8 @@ Every expression is a plain function of the per-sample quantities
     lp = log pi_theta(x)          R = R(x)      b = beta      Z = Z_old = sum pi_old
 
 built with + - * only, so the same lambda evaluates on sympy symbols and on torch tensors.
-Line numbers refer to /work/shared/paper/rpg_paper.tex.
+Line numbers refer to the paper's LaTeX source, rpg_paper.tex (not part of this repository;
+derivations/paper_tables.py says where it is looked for).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ through rpg_ref / derivations) and a ``plot_*()`` that draws them (PNG + PDF):
     grad_variance   normalized vs unnormalized estimators' gradient variance     (not in the paper)
     training        fig:main_8k / fig:ablation_clip / fig:ablation_kl shapes and tab:main_table_4k,
                     read from small_scale/logs
+    results_tables  tab:main_table_{8k,4k,2k,4k_2,7b} as grouped bars from paper_results.json
+                    (the paper's numbers, its contradictions marked), and the paper's AIME
+                    columns beside the small-scale seq task (imports derivations: needs sympy)
 
 ``FIGURES`` maps a name (``rpg-figs --only NAME``) to a maker ``fn(out_dir, logs) -> [paths]``.
 """
@@ -70,6 +73,26 @@ def _ablation(group: str, title: str):
     return make
 
 
+def _paper_table(label: str):
+    def make(out, logs):
+        # needs derivations (sympy); the other figures do not
+        from . import results_tables
+        return results_tables.plot_bars(results_tables.bars_data(label), out)
+    return make
+
+
+def _paper_vs_small_scale(out, logs):
+    from . import results_tables
+    d = results_tables.side_by_side_data(logs)
+    return results_tables.plot_side_by_side(d, out) + [
+        _write(out, "paper_vs_small_scale.md", results_tables.side_by_side_markdown(d))]
+
+
+# the paper's results tables (derivations.tables.RESULTS_TABLES; tests check the two agree)
+PAPER_TABLES = ("tab:main_table_8k", "tab:main_table_4k", "tab:main_table_2k", "tab:main_table_4k_2",
+                "tab:main_table_7b")
+
+
 def _bandit(out, logs):
     d = training.dynamics_data("bandit", panels=training.BANDIT_PANELS, logs=logs)
     d["panels"] = {"optimum_gap": training.bandit_gap_panel("bandit", logs), **d["panels"]}
@@ -100,6 +123,10 @@ FIGURES: dict[str, Figure] = {f.name: f for f in [
            _ablation("ablation_clip", "ablation: clip ratios, RPG-REINFORCE (fig:ablation_clip's shape)")),
     Figure("ablation_kl", "fig:ablation_kl (shape)", "ablation",
            _ablation("ablation_kl", "ablation: beta and iterative reference, RPG-REINFORCE-UFKL (fig:ablation_kl's shape)")),
+    *[Figure(f"paper_{label.removeprefix('tab:')}", f"{label} (the paper's numbers, paper_results.json)", None,
+             _paper_table(label)) for label in PAPER_TABLES],
+    Figure("paper_vs_small_scale", "tab:main_table_8k/4k AIME columns beside the seq task (+ claims table)", "seq",
+           _paper_vs_small_scale),
 ]}
 
 

@@ -113,14 +113,16 @@ def series(recs: list[dict], panel: str) -> dict | None:
 
 
 def dynamics_data(exp: str, runs=None, panels=SEQ_PANELS, logs=DEFAULT_LOGS) -> dict:
-    """{panel: {run: {key, step, values [S, T], mean, lo, hi}}} for the given runs (default: all)."""
+    """{panel: {run: {key, step, values [S, T], mean, lo, hi}}} for the given runs (default: all);
+    ``seeds[run]`` names the seed of each row of ``values``."""
     ex = load_experiment(exp, logs)
     runs = list(ex["runs"]) if runs is None else list(runs)
     missing = [r for r in runs if r not in ex["runs"]]
     if missing:
         raise ValueError(f"experiment {exp!r} has no runs {missing}; it has {list(ex['runs'])}")
     out = {"exp": exp, "runs": runs, "labels": {r: ex["spec"]["runs"][r].get("label", r) for r in runs},
-           "n_seeds": {r: len(ex["runs"][r]) for r in runs}, "panels": {}}
+           "n_seeds": {r: len(ex["runs"][r]) for r in runs},
+           "seeds": {r: [rec["seed"] for rec in ex["runs"][r]] for r in runs}, "panels": {}}
     for panel in panels:
         cur = {}
         for run in runs:
@@ -159,8 +161,9 @@ def _trailing_mean(v: np.ndarray, k: int) -> np.ndarray:
 
 def last_best_data(exp: str, metrics=("eval_accuracy", "accuracy"), runs=None, logs=DEFAULT_LOGS) -> dict:
     """tab:main_table_4k's shape: per run and metric, Last (value at the final logged step) and
-    Best (max over logged steps), each mean and sample std over seeds. Eval metrics are used
-    as logged; per-step train metrics first get a trailing mean over TRAIN_SMOOTH steps."""
+    Best (max over logged steps), each mean and sample std over seeds (and per seed:
+    ``last_values``, ``best_values`` in the order of ``seeds``). Eval metrics are used as logged;
+    per-step train metrics first get a trailing mean over TRAIN_SMOOTH steps."""
     d = dynamics_data(exp, runs, metrics, logs)
     rows = {}
     for run in d["runs"]:
@@ -174,7 +177,9 @@ def last_best_data(exp: str, metrics=("eval_accuracy", "accuracy"), runs=None, l
             sd = (lambda a: float(a.std(ddof=1)) if len(a) > 1 else float("nan"))
             rows[run][m] = {"last": float(last.mean()), "last_std": sd(last),
                             "best": float(best.mean()), "best_std": sd(best), "n_seeds": len(last),
-                            "final_step": int(s["step"][-1])}
+                            "final_step": int(s["step"][-1]),
+                            "seeds": d["seeds"][run],
+                            "last_values": last.tolist(), "best_values": best.tolist()}
     return {"exp": exp, "metrics": list(metrics), "labels": d["labels"], "rows": rows}
 
 

@@ -15,7 +15,7 @@ import pytest
 sympy = pytest.importorskip("sympy", reason="derivations need sympy (pip install rpg-ref[verify])")
 
 import derivations
-from derivations import clipping, gpg, grpo_kl, k3, npg, offpolicy, token_sequence, variance
+from derivations import clipping, gpg, grpo_kl, k3, npg, offpolicy, tables, token_sequence, variance
 from derivations.__main__ import main
 
 TESTED = set()
@@ -114,6 +114,32 @@ def test_subsec_rpg_style_clip(): ...
 
 @claim_test(token_sequence.check_token_vs_sequence)
 def test_token_vs_sequence_level(): ...
+
+
+# item 10: the results tables (on the committed transcription paper_figs/paper_results.json)
+
+@claim_test(tables.check_transcription)
+def test_tab_main_tables_transcription(): ...
+
+
+@claim_test(tables.check_best_ge_last, status="ERRATUM")
+def test_tab_main_tables_best_ge_last(): ...
+
+
+@claim_test(tables.check_caption_marks, status="ERRATUM")
+def test_tab_main_tables_caption_marks(): ...
+
+
+@claim_test(tables.check_average_columns)
+def test_tab_main_tables_average_columns(): ...
+
+
+@claim_test(tables.check_cross_table)
+def test_tab_main_tables_cross_table(): ...
+
+
+@claim_test(tables.check_text_claims, status="ERRATUM")
+def test_text_claims_match_tables(): ...
 
 
 def test_every_registered_check_has_a_test():

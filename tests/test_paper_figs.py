@@ -409,3 +409,82 @@ def test_render_every_figure(logs, tmp_path):
     with pytest.raises(ValueError, match="unknown figure"):
         render("no-such-figure", tmp_path, logs)
     assert figs_main(["--only", "nope"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# the paper's results tables (paper_figs/paper_results.json) as bars, and beside the small scale
+# ------------------------------------------------------------------------------------------------
+
+def test_paper_tables_registered_are_the_checked_ones():
+    """rpg-figs draws exactly the tables the derivation checks cover."""
+    from derivations import tables as checks
+    from paper_figs import PAPER_TABLES
+    assert PAPER_TABLES == checks.RESULTS_TABLES
+    assert {f"paper_{t.removeprefix('tab:')}" for t in PAPER_TABLES} <= set(FIGURES)
+
+
+def test_paper_main_table_8k_bars():
+    """tab:main_table_8k as bars: the AIME25 values read off the LaTeX (l.775-785), the strongest
+    baseline (DAPO) as the reference lines, and the contradictions of ERRATA E11/E12 flagged on
+    exactly the bars they concern; RPG / RPG-REINFORCE / baselines told apart."""
+    from paper_figs import results_tables as rt
+    d = rt.bars_data("tab:main_table_8k")
+    assert d["methods"] == ["GRPO", "DAPO", "RPG-UFKL", "RPG-URKL", "RPG-REINFORCE-UFKL", "RPG-REINFORCE-URKL"]
+    assert [d["family"][m] for m in d["methods"]] == ["baseline"] * 2 + ["rpg"] * 2 + ["rpg-reinforce"] * 2
+    assert d["benchmarks"] == ["AIME24", "AIME25", "AMC23"]
+    assert d["bars"]["AIME25"]["Last"] == [0.3354, 0.4469, 0.4698, 0.5261, 0.4833, 0.5073]
+    assert d["bars"]["AIME25"]["Best"] == [0.4063, 0.4740, 0.4865, 0.4938, 0.5031, 0.5208]
+    assert d["marks"]["AIME25"]["Last"] == [None, None, None, None, "underline", "bold"]
+    assert d["baseline_best"]["AIME25"] == {"Last": {"method": "DAPO", "value": 0.4469},
+                                            "Best": {"method": "DAPO", "value": 0.4740}}
+    got = {(c["benchmark"], c["method"], c["metric"], c["kind"], c["line"]) for c in d["contradictions"]}
+    assert got == {("AIME25", "RPG-URKL", "Last", "Best < Last", 780), ("AIME25", "RPG-URKL", "Best", "Best < Last", 780),
+                   ("AIME25", "RPG-URKL", "Last", "mark", 780), ("AIME25", "RPG-REINFORCE-UFKL", "Last", "mark", 783),
+                   ("AIME25", "RPG-REINFORCE-URKL", "Last", "mark", 785)}
+    assert rt.bars_data("tab:main_table_4k")["contradictions"] == []
+
+
+def test_paired_t_verdicts_and_quantile():
+    """The replication verdict is a paired t-test: t quantiles match closed forms (df = 1, 2) and
+    the table value for df = 10; verdicts follow the sign and size of t."""
+    from paper_figs import results_tables as rt
+    p = 0.975
+    assert abs(rt.t_quantile(p, 1) - math.tan(math.pi * (p - 0.5))) < 1e-6
+    assert abs(rt.t_quantile(p, 2) - (2 * p - 1) / math.sqrt(2 * p * (1 - p))) < 1e-6
+    assert abs(rt.t_quantile(p, 10) - 2.2281) < 1e-4
+    s = rt.paired([0.1, 0.2, 0.3])                       # t = 0.2 / (0.1 / sqrt 3) = 3.46 < 4.30
+    assert abs(s["t"] - 0.2 / (0.1 / math.sqrt(3))) < 1e-9 and s["verdict"] == "not resolved"
+    assert rt.paired([0.10, 0.11, 0.12])["verdict"] == "replicates"
+    assert rt.paired([-0.10, -0.11, -0.12])["verdict"] == "contradicted"
+
+
+def test_paper_vs_small_scale_side_by_side(tmp_path):
+    """Small-scale columns = mean and sample std over seeds of Last/Best held-out accuracy (the
+    synthetic logs' known values), paired by seed against the paper's methods; the claims rows
+    evaluate the paper's margin claim on them."""
+    from paper_figs import results_tables as rt
+    write_logs(tmp_path, "seq", ["dapo", "grpo", "rpg-reinforce-urkl"], steps=20)
+    d = rt.side_by_side_data(tmp_path)
+    i = d["methods"].index("RPG-REINFORCE-URKL")
+    mean, sd = d["small"]["Last"][i]                     # eval at step 20: 0.2 + 0.1 * 2 + 0.001 * seed
+    assert abs(mean - 0.401) < 1e-12 and abs(sd - 0.001) < 1e-12
+    assert d["small"]["Best"][d["methods"].index("DAPO")][0] == pytest.approx(0.201, abs=1e-12)
+    assert d["small"]["Last"][d["methods"].index("REINFORCE++-Baseline")] is None      # not run here
+    assert d["methods"][:4] == ["REINFORCE++-Baseline", "REINFORCE++", "GRPO", "DAPO"]
+    margin = d["claims"][0]
+    assert margin["stats"][0]["a"] == "RPG-REINFORCE-URKL" and margin["stats"][0]["b"] == "DAPO"
+    assert margin["stats"][0]["mean"] == pytest.approx(0.2, abs=1e-12) and margin["verdict"] == "replicates"
+    assert "+6.15" in margin["paper"]
+    md = rt.side_by_side_markdown(d)
+    assert "| RPG-REINFORCE-URKL | 0.5708 | 0.5781 | **0.5073** | **0.5208** |" in md
+    assert "**0.401 ± 0.001**" in md
+
+
+def test_results_md_has_the_generated_side_by_side():
+    """small_scale/RESULTS.md quotes paper_vs_small_scale.md as generated from the committed logs."""
+    from paper_figs import results_tables as rt
+    if not (training.DEFAULT_LOGS / "seq" / "experiment.json").exists():
+        pytest.skip(f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)")
+    results_md = (training.DEFAULT_LOGS.parent / "RESULTS.md").read_text()
+    pasted = rt.side_by_side_markdown(rt.side_by_side_data()) in results_md
+    assert pasted, "re-paste paper_vs_small_scale.md (rpg-figs --only paper_vs_small_scale) into small_scale/RESULTS.md"
