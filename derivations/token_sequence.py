@@ -16,20 +16,20 @@ reward only (beta = 0), KL only (A = 0, beta = 1), and both.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
+from rpg_ref.exact import Autoregressive
 from rpg_ref.losses import get_loss
 
 from . import paper
 from ._core import DTYPE, Checker, claim, cosine, mc_n, rel_err, row_grads
 
 V, L = 3, 3
-SEQS = torch.tensor(list(itertools.product(range(V), repeat=L)))                 # [27, 3]
+AR = Autoregressive(V, L)
+SEQS = AR.seqs                                                                    # [27, 3]
 # prefix index of token t of each response: () -> 0, (a) -> 1 + a, (a, b) -> 4 + 3a + b
-PREFIX = torch.stack([torch.zeros(len(SEQS), dtype=torch.long), 1 + SEQS[:, 0], 4 + 3 * SEQS[:, 0] + SEQS[:, 1]], 1)
-N_PREFIX = 1 + V + V * V
+PREFIX = AR.prefix
+N_PREFIX = AR.n_prefix
 RPG_LOSSES = ("rpg-fkl", "rpg-ufkl", "rpg-rkl", "rpg-urkl",
               "rpg-reinforce-fkl", "rpg-reinforce-ufkl", "rpg-reinforce-rkl", "rpg-reinforce-urkl")
 BASELINES = ("grpo", "grpo-corrected")      # KL target: UKL(pi_theta || pi_ref); their own default clip
@@ -39,7 +39,7 @@ COMPONENTS = {"reward": (1.0, 0.0), "kl": (0.0, 1.0), "both": (1.0, 0.5)}   # (s
 
 def token_logp(theta: torch.Tensor) -> torch.Tensor:
     """[27, 3] log pi(y_t | y_<t) for every response, from tabular logits theta [13, 3]."""
-    return torch.log_softmax(theta, -1)[PREFIX, SEQS]
+    return AR.token_logp(theta)
 
 
 def _setting(name: str, seed: int = 0):

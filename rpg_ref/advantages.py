@@ -28,6 +28,7 @@ __all__ = [
     "compute_advantages",
     "group_mean",
     "group_mean_std",
+    "kl_return_to_go",
     "leave_one_out",
     "reinforce_pp",
 ]
@@ -78,15 +79,13 @@ def leave_one_out(rewards: Tensor, group_size: int) -> Tensor:
     return (g - others).reshape(-1)
 
 
-def reinforce_pp(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Tensor | None,
-                 beta: float, group_size: int | None = None, eps: float = 1e-8) -> Tensor:
-    """REINFORCE++ token advantages (Hu et al. 2025, arXiv:2501.03262).
+def kl_return_to_go(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Tensor | None,
+                    beta: float) -> Tensor:
+    """REINFORCE++'s token returns before whitening: the k1 KL to pi_ref folded into the reward.
 
     Per token t of response i (gamma = 1):
         r_t = R_i [t is the last valid token] - beta * k1_t,   k1_t = log pi_old(y_t) - log pi_ref(y_t)
         A_t = sum_{s >= t} r_s                                  (return to go)
-    With ``group_size`` (REINFORCE++-baseline) R_i is first replaced by R_i - mean_group(R).
-    Finally A is whitened over all valid tokens of the batch: (A - mean) / (std + eps).
     ``ref_logp`` None means pi_ref = pi_old (then the KL term is 0).
     """
     if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
@@ -95,16 +94,28 @@ def reinforce_pp(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Tens
         raise ValueError("old_logp and ref_logp must have the mask's shape [N, T]")
     if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    r = group_mean(rewards, group_size) if group_size is not None else _groups(rewards, 1).reshape(-1)
+    r = _groups(rewards, 1).reshape(-1)
     m = mask.to(old_logp.dtype)                                  # [N, T]
-    n_tok = m.sum(1)
-    if bool((n_tok == 0).any()):
+    if bool((m.sum(1) == 0).any()):
         raise ValueError("a mask row has no tokens")
     last = (torch.arange(m.shape[1], device=m.device)[None, :] == (m.cumsum(1).argmax(1))[:, None])
     per_tok = r[:, None].to(m.dtype) * last.to(m.dtype)          # [N, T] reward on the last valid token
     if ref_logp is not None and beta > 0:
         per_tok = per_tok - beta * (old_logp - ref_logp).detach() * m
-    ret = per_tok.flip(1).cumsum(1).flip(1) * m                  # [N, T] return to go
+    return per_tok.flip(1).cumsum(1).flip(1) * m                 # [N, T] return to go
+
+
+def reinforce_pp(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Tensor | None,
+                 beta: float, group_size: int | None = None, eps: float = 1e-8) -> Tensor:
+    """REINFORCE++ token advantages (Hu et al. 2025, arXiv:2501.03262).
+
+    ``kl_return_to_go`` (k1 KL in the reward, return to go), then whitened over all valid tokens
+    of the batch: (A - mean) / (std + eps). With ``group_size`` (REINFORCE++-baseline) R_i is
+    first replaced by R_i - mean_group(R).
+    """
+    r = group_mean(rewards, group_size) if group_size is not None else rewards
+    ret = kl_return_to_go(r, mask, old_logp, ref_logp, beta)      # [N, T]
+    m = mask.to(old_logp.dtype)
     mean = ret.sum() / m.sum()
     var = ((ret - mean) ** 2 * m).sum() / m.sum()
     return ((ret - mean) / (var.sqrt() + eps)) * m

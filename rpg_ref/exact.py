@@ -4,16 +4,22 @@ The tool behind the library's exactness claims: for a categorical pi_theta = sof
 the expectation of a loss under pi_old is a finite sum, so its autograd gradient can be
 compared with -grad J(theta) computed from J's definition. Used by tests, derivations/,
 the demo and the notebooks.
+
+``Autoregressive`` does the same for a small autoregressive policy: every response of a fixed
+length, with tabular logits for every prefix (derivations/token_sequence.py, rpg_ref/audit.py).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import Tensor
 
 from rpg_ref import kl, losses
 
-__all__ = ["divergence", "expected_loss", "expected_loss_grad", "objective", "objective_grad"]
+__all__ = ["Autoregressive", "divergence", "expected_loss", "expected_loss_grad", "objective",
+           "objective_grad"]
 
 
 _DIVERGENCES = {"fkl": kl.forward_kl, "rkl": kl.reverse_kl, "ufkl": kl.forward_ukl, "urkl": kl.reverse_ukl}
@@ -64,3 +70,40 @@ def expected_loss_grad(name: str, theta: Tensor, logp_old: Tensor, A: Tensor, be
     th = theta.detach().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(expected_loss(name, th, logp_old, A, beta, ref_logp, clip), th)
     return g
+
+
+class Autoregressive:
+    """Every response y = (y_1..y_L) over a vocabulary of V tokens, for a tabular policy.
+
+    A policy is a logits table [n_prefix, V]: row p holds the logits of the next token after
+    prefix p. Prefixes are numbered by length, then lexicographically: the prefix (a_1..a_t) is
+    (V^t - 1) / (V - 1) + sum_i a_i V^(t-i), so () -> 0 and, for V = 3, (a) -> 1 + a,
+    (a, b) -> 4 + 3a + b. Responses all have length L (no end token): sums over the V^L rows
+    are exact expectations.
+    """
+
+    def __init__(self, V: int, L: int):
+        if V < 2 or L < 1:
+            raise ValueError(f"need a vocabulary V >= 2 and a length L >= 1, got V={V}, L={L}")
+        self.V, self.L = V, L
+        self.seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))       # [V^L, L]
+        offset = [(V ** t - 1) // (V - 1) for t in range(L)]                        # first id of length t
+        cols = [torch.full((len(self.seqs),), offset[0], dtype=torch.long)]
+        for t in range(1, L):
+            code = (self.seqs[:, :t] * V ** torch.arange(t - 1, -1, -1)).sum(1)    # base-V value of y_<t
+            cols.append(offset[t] + code)
+        self.prefix = torch.stack(cols, 1)                                          # [V^L, L] prefix of y_t
+        self.n_prefix = (V ** L - 1) // (V - 1)
+        flat = self.prefix.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        self._first = order[torch.searchsorted(flat[order], torch.arange(self.n_prefix))]  # one (y, t) per prefix
+
+    def token_logp(self, logits: Tensor) -> Tensor:
+        """[V^L, L] log pi(y_t | y_<t) of every response, from a logits table [n_prefix, V]."""
+        return torch.log_softmax(logits, -1)[self.prefix, self.seqs]
+
+    def prefix_logp(self, logits: Tensor) -> Tensor:
+        """[n_prefix] log-probability that a response starts with each prefix."""
+        tok = self.token_logp(logits)
+        before = tok.cumsum(1) - tok                                                # sum_{s<t} log pi(y_s|y_<s)
+        return before.reshape(-1)[self._first]

@@ -1,0 +1,103 @@
+"""What rpg-audit must find for every built-in adapter, derived by hand (not read off the tool).
+
+Per-sample gradients of the KL parts, x = y_t ~ pi_old(.|h) at prefix h, r = pi_ref/pi_theta,
+rho = pi_theta/pi_ref, w = pi_theta/pi_old, all per token unless "sequence":
+
+  rpg-* token       w h(rho) grad log pi  ->  E_old = grad KL_t(.) of the loss's own direction at
+                    every prefix h ~ pi_old: sum_t KL(pi||ref) (rkl, urkl) or sum_t KL(ref||pi) (fkl, ufkl)
+  rpg-* sequence    the same with whole-response ratios: the sequence divergence itself
+  k3(r), no weight  (1 - r) grad log pi   -> on-policy sum_h (pi - pi_ref) grad log pi = grad KL_t(ref||pi);
+                    off-policy sum pi_old (1 - r) grad log pi: no candidate
+  w k3(r)           w log rho grad log pi -> sum pi log rho grad log pi = grad KL_t(pi||ref), any theta
+  k1 = log rho      grad log pi           -> sum pi_old grad log pi = -grad KL_t(pi_old||pi): 0 on-policy;
+                    off-policy it RAISES the forward KL to pi_old (= "-tok-fkl" when pi_ref = pi_old)
+  k2 = (log rho)^2/2  log rho grad log pi -> on-policy grad KL_t(pi||ref); off-policy none
+  abs = |log rho|   sign(log rho) grad log pi: none (0 only where rho = 1)
+  k1+, k3+          value of k1/k3, gradient of k2: as k2
+  reinforce++       -w_t A_t, A_t = -beta sum_{s>=t} log(pi_old/pi_ref)(y_s): on-policy (w = 1, no clip)
+                    E[sum_t grad log pi(y_t) sum_{s>=t} log rho_s] = grad KL(pi||ref) of whole responses;
+                    off-policy with pi_ref = pi_old the penalty is 0; otherwise clipped and per-token: none
+
+At theta = theta_old with pi_ref = pi_old every KL gradient above and every candidate's vanish.
+Reward part: whole-response ratios are exact; per-token ratios without clipping are exact on-policy
+or at H = 1; PPO clipping binds off-policy (ratios up to e^{+-0.3} at H = 1 here), so PPO-based
+losses are exact on-policy only.
+"""
+
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "audit.md"
+PPO_BASED = ("grpo", "grpo-corrected", "dapo", "reinforce++", "GRPO (published)", "TRL", "verl")
+
+
+def _div(name: str) -> str:
+    return "rkl" if name.endswith("rkl") else "fkl"
+
+
+def kl_primary(name: str, level: str, on: bool, ref_old: bool) -> str | None:
+    """The candidate the KL part follows (None: no candidate), outside the all-zero setting."""
+    if name.startswith("rpg-"):
+        div = name.rsplit("-", 1)[1]
+        return f"seq-{div}" if level == "sequence" else f"tok-{_div(div)}"
+    if name in ("grpo", "GRPO (published)", "TRL GRPO use_bias_correction_kl=False",
+                "verl kl_loss_type=low_var_kl"):
+        return "tok-fkl" if on else None
+    if name in ("grpo-corrected", "TRL GRPO use_bias_correction_kl=True"):
+        return "tok-rkl"
+    if name == "dapo":
+        return "no-kl"
+    if name == "reinforce++":
+        return "seq-rkl" if on else ("no-kl" if ref_old else None)
+    if name == "verl kl_loss_type=kl":
+        return "no-kl" if on else ("-tok-fkl" if ref_old else None)
+    if name in ("verl kl_loss_type=mse", "verl kl_loss_type=k1+", "verl kl_loss_type=k3+"):
+        return "tok-rkl" if on else None
+    if name == "verl kl_loss_type=abs":
+        return None
+    raise KeyError(f"no expectation written for adapter {name!r}")
+
+
+ALL_KEYS = sorted([f"{s}{k}" for s in ("", "-") for k in ("seq-rkl", "seq-urkl", "seq-fkl", "seq-ufkl",
+                                                          "tok-rkl", "tok-fkl")] + ["no-kl"])
+
+
+def tie_class(key: str, ref_old: bool, horizon: int) -> set[str]:
+    """Candidates whose gradients equal key's for normalized policies: UKL = KL always; the per-position
+    sum = the sequence divergence at H = 1, and for the forward direction whenever pi_ref = pi_old
+    (then prefixes ~ pi_old are prefixes ~ pi_ref)."""
+    sign, base = ("-", key[1:]) if key.startswith("-") else ("", key)
+    if base == "no-kl":
+        return {"no-kl"}
+    d = "rkl" if base.endswith("rkl") else "fkl"
+    seq = {f"seq-{d}", f"seq-u{d}"}
+    tok_joins = horizon == 1 or (d == "fkl" and ref_old)
+    cls = (seq | {f"tok-{d}"}) if tok_joins else (seq if base.startswith("seq") else {f"tok-{d}"})
+    return {sign + k for k in cls}
+
+
+def predicted_matches(name: str, level: str, on: bool, ref_old: bool, horizon: int) -> list[str]:
+    if on and ref_old:
+        return ALL_KEYS
+    key = kl_primary(name, level, on, ref_old)
+    return [] if key is None else sorted(tie_class(key, ref_old, horizon))
+
+
+def predicted_reward_exact(name: str, level: str, on: bool, horizon: int) -> bool:
+    if name.startswith(PPO_BASED):
+        return on
+    return level == "sequence" or on or horizon == 1
+
+
+def committed_table() -> str:
+    """The generated block of docs/audit.md (between its audit-table markers)."""
+    doc = DOC.read_text(encoding="utf-8")
+    m = re.search(r"<!-- audit-table:start -->\n(.*?)<!-- audit-table:end -->", doc, re.DOTALL)
+    assert m, "docs/audit.md lost its <!-- audit-table:start/end --> markers"
+    return m.group(1)
+
+
+def table_lines(text: str) -> dict[tuple, str]:
+    """Markdown table body lines keyed by their first five cells (loss, level, code, theta, pi_ref)."""
+    lines = [x for x in text.splitlines() if x.startswith("| ") and not x.startswith("| loss |")]
+    return {tuple(x.strip("| ").split(" | ")[:5]): x for x in lines}

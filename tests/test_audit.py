@@ -1,0 +1,288 @@
+"""rpg-audit (rpg_ref/audit.py): the enumeration, the candidate objectives, every built-in adapter's
+verdict (pinned against the hand derivations in audit_expectations.py), the committed table in
+docs/audit.md, the command line and the README example.
+
+verl's own-code adapters are tested in tests/test_audit_verl.py (verl's environment).
+"""
+
+import contextlib
+import io
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from audit_expectations import (
+    ALL_KEYS,
+    committed_table,
+    predicted_matches,
+    predicted_reward_exact,
+    table_lines,
+    tie_class,
+)
+
+from rpg_ref import audit, audit_adapters
+from rpg_ref.advantages import kl_return_to_go, reinforce_pp
+from rpg_ref.exact import Autoregressive
+from rpg_ref.losses import LOSSES
+
+ROOT = Path(__file__).resolve().parent.parent
+ADAPTERS = audit_adapters.rpg_ref_adapters() + audit_adapters.docs_adapters()
+TOL = 1e-10
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The audit's tensors are tiny: a second thread only adds synchronization (10-100x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def rows(one_thread):
+    return audit.audit(ADAPTERS)
+
+
+def _by_adapter(rows, ad):
+    return [r for r in rows if r["loss"] == ad.name and r["code"] == ad.code and r["level"] == ad.level]
+
+
+# ---------------------------------------------------------------------------
+# enumeration and candidates
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("V,L", [(2, 1), (3, 2), (3, 3), (4, 2)])
+def test_autoregressive_enumeration(V, L):
+    """Every response once, probabilities summing to 1, and prefix probabilities equal to the mass of
+    the responses that start with the prefix (marginalized by hand)."""
+    ar = Autoregressive(V, L)
+    logits = torch.randn(ar.n_prefix, V, generator=torch.Generator().manual_seed(V * 10 + L), dtype=torch.float64)
+    assert len({tuple(y) for y in ar.seqs.tolist()}) == V ** L == len(ar.seqs)
+    p = ar.token_logp(logits).sum(1).exp()
+    assert abs(float(p.sum()) - 1) < TOL
+    prefix_p = ar.prefix_logp(logits).exp()
+    for t in range(L):
+        for y, pid in zip(ar.seqs.tolist(), ar.prefix[:, t].tolist()):
+            starts = [i for i, z in enumerate(ar.seqs.tolist()) if z[:t] == y[:t]]
+            assert abs(float(p[starts].sum() - prefix_p[pid])) < TOL
+
+
+def test_prefix_numbering_is_the_documented_one():
+    """V=3: () -> 0, (a) -> 1 + a, (a, b) -> 4 + 3a + b (what derivations/token_sequence.py relied on)."""
+    ar = Autoregressive(3, 3)
+    want = torch.stack([torch.zeros(27, dtype=torch.long), 1 + ar.seqs[:, 0], 4 + 3 * ar.seqs[:, 0] + ar.seqs[:, 1]], 1)
+    assert torch.equal(ar.prefix, want) and ar.n_prefix == 13
+
+
+def test_sequence_kl_is_the_prefix_weighted_sum_of_conditional_kls():
+    """Chain rule, checked on values: KL(pi||ref) over whole responses = sum over prefixes p of
+    pi(p) KL(pi(.|p)||ref(.|p)), and KL(ref||pi) = sum_p ref(p) KL(ref(.|p)||pi(.|p)). This is the
+    identity the per-position candidates are built on (with prefixes from pi_old instead)."""
+    prob = audit.make_problem(audit.Setting(False, False), 3)
+    seq, seq_ref = prob.tokens(prob.theta).sum(1), prob.ref_tok.sum(1)
+    cond, cond_ref = torch.log_softmax(prob.theta, -1), torch.log_softmax(prob.ref, -1)
+    rkl = (seq.exp() * (seq - seq_ref)).sum()
+    fkl = (seq_ref.exp() * (seq_ref - seq)).sum()
+    by_prefix_r = (prob.ar.prefix_logp(prob.theta).exp() * (cond.exp() * (cond - cond_ref)).sum(1)).sum()
+    by_prefix_f = (prob.ar.prefix_logp(prob.ref).exp() * (cond_ref.exp() * (cond_ref - cond)).sum(1)).sum()
+    assert abs(float(rkl - by_prefix_r)) < TOL and abs(float(fkl - by_prefix_f)) < TOL
+
+
+@pytest.mark.parametrize("setting", audit.SETTINGS[1:], ids=lambda s: f"{s.theta} {s.ref}")
+@pytest.mark.parametrize("horizon", audit.HORIZONS)
+def test_candidate_ties_are_exactly_the_predicted_ones(setting, horizon):
+    """Which candidates share a gradient: UKL = KL always (normalized policies); per-position sum =
+    sequence divergence at H = 1, and for KL(ref||pi) whenever pi_ref = pi_old; nothing else. Every
+    nonzero candidate gradient is > 1e-2, far above audit.ZERO_NORM."""
+    prob = audit.make_problem(setting, horizon)
+    cands = audit.candidate_grads(prob)
+    signed = {k: v for k, v in cands.items()} | {f"-{k}": -v for k, v in cands.items() if k != "no-kl"}
+    for key in ALL_KEYS:
+        ties = {k for k, v in signed.items() if audit.rel_err(v, signed[key]) <= TOL}
+        assert ties == tie_class(key, setting.ref_is_old, horizon), key
+    assert min(float(v.norm()) for k, v in cands.items() if k != "no-kl") > 1e-2
+
+
+def test_every_candidate_vanishes_on_policy_with_ref_old():
+    prob = audit.make_problem(audit.Setting(True, True), 3)
+    assert all(float(g.norm()) < 1e-14 for g in audit.candidate_grads(prob).values())
+
+
+# ---------------------------------------------------------------------------
+# verdicts, pinned
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ad", ADAPTERS, ids=lambda a: f"{a.name}[{a.level},{a.code}]")
+def test_verdict(rows, ad):
+    """The KL part follows exactly the candidates derived by hand (audit_expectations.kl_primary and
+    its ties; [] = none), and the reward part is exact exactly where predicted, for every setting
+    and horizon (seed 0: the committed table)."""
+    got = _by_adapter(rows, ad)
+    assert len(got) == len(audit.SETTINGS) * len(audit.HORIZONS)
+    for r in got:
+        where = f"theta=old:{r['on_policy']} ref=old:{r['ref_is_old']} H={r['horizon']}"
+        assert r["kl_matches"] == predicted_matches(ad.name, ad.level, r["on_policy"], r["ref_is_old"],
+                                                    r["horizon"]), where
+        assert r["reward_exact"] == predicted_reward_exact(ad.name, ad.level, r["on_policy"], r["horizon"]), where
+
+
+def test_verdicts_do_not_depend_on_the_seed():
+    """The verdicts are structural: another draw of the policies gives the same matches."""
+    for r in audit.audit(ADAPTERS, horizons=(2, 3), seed=1):
+        assert r["kl_matches"] == predicted_matches(r["loss"], r["level"], r["on_policy"], r["ref_is_old"],
+                                                    r["horizon"]), r["loss"]
+
+
+def test_no_match_is_far_from_every_candidate(rows):
+    """A 'none' verdict is not a near miss: the closest candidate is at least 1% away."""
+    misses = [r for r in rows if not r["kl_matches"]]
+    assert misses and min(r["kl_closest_err"] for r in misses) > 1e-2
+
+
+def test_k1_loss_off_policy_raises_the_forward_kl_to_pi_old():
+    """verl's kl (k1) as a loss: E_old[grad log pi] = -grad sum_t KL(pi_old||pi), whatever pi_ref is:
+    off-policy it pushes pi_theta away from pi_old."""
+    k1 = next(a for a in ADAPTERS if a.name == "verl kl_loss_type=kl")
+    for h in audit.HORIZONS:
+        prob = audit.make_problem(audit.Setting(False, False), h)
+        g_kl = audit.expected_grad(k1, prob, torch.zeros_like(prob.R))
+        as_if_ref_old = audit.Problem(prob.ar, prob.theta, prob.old, prob.old, prob.R)
+        assert audit.rel_err(g_kl, -k1.beta * audit.candidate_grads(as_if_ref_old)["tok-fkl"]) <= TOL
+
+
+def test_the_same_grpo_term_from_three_sources():
+    """rpg-ref's grpo, GRPO as published, TRL without the correction and verl's low_var_kl twin have
+    the same expected KL gradient; TRL with use_bias_correction_kl has grpo-corrected's."""
+    by = {(a.name, a.own_code): a for a in ADAPTERS}
+    prob = audit.make_problem(audit.Setting(False, False), 3)
+    zero = torch.zeros_like(prob.R)
+    kl_part = lambda name, own: audit.expected_grad(by[(name, own)], prob, zero)
+    ref = kl_part("grpo", True)
+    for name in ("GRPO (published)", "TRL GRPO use_bias_correction_kl=False", "verl kl_loss_type=low_var_kl"):
+        assert audit.rel_err(kl_part(name, False), ref) <= TOL, name
+    assert audit.rel_err(kl_part("TRL GRPO use_bias_correction_kl=True", False), kl_part("grpo-corrected", True)) <= TOL
+
+
+def test_low_var_kl_clamp_does_not_bind_in_the_settings():
+    """verl clamps k3 to [-10, 10]; the settings keep k3 below 10, so the clamp changes nothing here."""
+    worst = max(float(audit_adapters.k3(p.tokens(p.theta), p.ref_tok).max())
+                for p in (audit.make_problem(s, h) for s in audit.SETTINGS for h in audit.HORIZONS))
+    assert 0 < worst < 10
+
+
+def test_every_library_loss_has_an_adapter():
+    """All 13 rpg-ref losses are audited (reinforce++-baseline through the reinforce++ row)."""
+    names = {a.name for a in ADAPTERS if a.own_code}
+    covered = names | {"reinforce++-baseline"}
+    assert set(LOSSES) <= covered
+    levels = {(a.name, a.level) for a in ADAPTERS if a.name.startswith("rpg-")}
+    assert len(levels) == 16
+
+
+def test_kl_return_to_go_by_hand_and_reinforce_pp_whitens_it():
+    """r_t = R [t last] - beta (log pi_old - log pi_ref)_t, A_t = sum_{s>=t} r_s; reinforce_pp whitens A."""
+    R = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.3, -9.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.2, -0.1, -9.0]], dtype=torch.float64)
+    b = 0.1                                                         # k1 = old - ref = [[0.5, -1, 0], [0, -0.2, 0]]
+    want = torch.tensor([[2 - b * (0.5 - 1 + 0), 2 - b * (-1 + 0), 2.0],
+                         [-1 - b * (0 - 0.2), -1 - b * -0.2, 0.0]], dtype=torch.float64)
+    assert torch.allclose(kl_return_to_go(R, mask, old, ref, b), want, atol=1e-15, rtol=0)
+    ret = want[mask.bool()]
+    whitened = (want - ret.mean()) / (ret.var(unbiased=False).sqrt() + 1e-8) * mask
+    assert torch.allclose(reinforce_pp(R, mask, old, ref, b), whitened, atol=1e-12, rtol=0)
+
+
+def test_token_mean_divides_the_expected_gradient_by_the_horizon():
+    """The convention's claim: with fixed-length responses, token-mean aggregation gives the
+    seq-mean-token-sum expected gradient divided by H (same verdicts, same beta)."""
+    fn = LOSSES["rpg-urkl"]
+    mean = audit.Adapter("urkl token-mean", lambda lp, o, r, a, m: fn(lp, o, a, m, beta=0.5, ref_logp=r,
+                                                                       agg="token-mean")[0], 0.5, "t", True)
+    tsum = audit.Adapter("urkl token-sum", lambda lp, o, r, a, m: fn(lp, o, a, m, beta=0.5, ref_logp=r,
+                                                                      agg="seq-mean-token-sum")[0], 0.5, "t", True)
+    prob = audit.make_problem(audit.Setting(False, False), 3)
+    assert audit.rel_err(3 * audit.expected_grad(mean, prob, prob.R), audit.expected_grad(tsum, prob, prob.R)) <= TOL
+
+
+def test_a_batch_coupled_loss_is_refused():
+    """A loss whose batch value is not the mean of its responses' losses (here: advantages whitened
+    over the batch) has no batch-size-free expected gradient: audit() names it and stops."""
+    def whitened(logp, old, ref, adv, mask):
+        a = (adv - adv.mean()) / (adv.std() + 1e-8) if len(adv) > 1 else adv
+        return (-torch.exp(logp - old) * a[:, None]).sum(1).mean()
+    with pytest.raises(ValueError, match="not the mean of its responses' losses"):
+        audit.audit([audit.Adapter("whitened", whitened, 0.5, "test", True)], horizons=(2,))
+
+
+# ---------------------------------------------------------------------------
+# the committed table, the command line, the README example
+# ---------------------------------------------------------------------------
+
+def test_committed_table_matches_a_fresh_run(rows):
+    """docs/audit.md's table (generated with verl installed) has exactly this run's lines for every
+    adapter that runs here; regenerate it with `python -m rpg_ref.audit --markdown FILE`."""
+    committed = committed_table()
+    fresh = audit.to_markdown(rows)
+    assert fresh.split("\n\n")[0] in committed                             # the legend
+    assert fresh.splitlines()[-len(table_lines(fresh)) - 2] in committed  # the header
+    old, new = table_lines(committed), table_lines(fresh)
+    here = {k for k in old if (k[0], k[2]) in {(a.name, a.code) for a in ADAPTERS}}
+    assert here == set(new)
+    for k in new:
+        assert old[k] == new[k], f"\ncommitted {old[k]}\nfresh     {new[k]}"
+
+
+def test_cli_writes_table_markdown_and_json(tmp_path):
+    md, js = tmp_path / "t.md", tmp_path / "t.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = audit.main(["--only", "rpg-urkl", "--horizons", "1", "2", "--markdown", str(md), "--json", str(js)])
+    assert rc == 0
+    assert "rpg-urkl | token" in out.getvalue() and "Σt KL(π‖ref)" in out.getvalue()
+    data = json.loads(js.read_text(encoding="utf-8"))
+    assert len(data) == 2 * 4 * 2 and {r["horizon"] for r in data} == {1, 2}
+    assert md.read_text(encoding="utf-8").count("\n| rpg-urkl |") == 2 * 4
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--horizons", "0"], "--horizons must be in 1..4"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--only", "no-such-loss"], "no adapter name contains"),
+    (["--json", "missing-dir/x.json"], "does not exist"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, msg):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        audit.main(args + ["--markdown", "t.md"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and msg in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "t.md").exists()
+
+
+def test_readme_example_runs():
+    """The README's "Audit your own loss" example runs as printed and finds the importance-weighted
+    k3 term's objective: the per-position sum of KL(pi||ref), for every theta."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"<!-- audit-example -->\n```python\n(.*?)```", text, re.DOTALL)
+    assert m, "README lost its <!-- audit-example --> block"
+    code = m.group(1)
+    assert len(code.strip().splitlines()) <= 12
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         check=False, env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    ends = [x.rstrip().rsplit(" | ", 1)[1] for x in run.stdout.splitlines() if x.startswith("my-loss")]
+    assert sorted(ends) == ["0 (every D: 0)"] + ["Σt KL(π‖ref)"] * 3      # H = 3, the four settings
+
+
+def test_every_relative_error_is_finite(rows):
+    assert all(math.isfinite(e) for r in rows for e in itertools.chain([r["reward_rel_err"]], r["kl_errs"].values()))
