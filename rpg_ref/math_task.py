@@ -270,7 +270,8 @@ class MathTask:
                     raise ValueError(f"--math-eval-data: two sets are named {name!r}")
                 self.eval_sets[name] = ps
         self.scorer = MathReward(style=o.prompt, scoring=o.scoring, backend=o.checker,
-                                 timeout_s=o.check_timeout, num_workers=o.check_workers)
+                                 timeout_s=o.check_timeout, num_workers=o.check_workers,
+                                 thinking=o.enable_thinking)
 
     def _check_options(self) -> None:
         o = self.opt
