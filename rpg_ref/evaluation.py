@@ -106,15 +106,16 @@ def evaluate_sets(generate_fn, tokenizer, sets: dict, n: int, ks: Sequence[int],
                   enable_thinking: bool, checker) -> tuple[dict, dict]:
     """Generate n responses per problem with `generate_fn(prompt_ids_list, n) -> token id lists`,
     score them with `checker` (math_reward.AnswerChecker) and summarize per set."""
-    from rpg_ref.math_reward import chat_prompt_ids, extract_answer
+    from rpg_ref.math_reward import chat_prompt_ids
     results, details = {}, {}
     for name, problems in sets.items():
         prompts = [chat_prompt_ids(tokenizer, p.problem, style, enable_thinking) for p in problems]
         responses = generate_fn(prompts, n)
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        preds = [extract_answer(t, style) for t in texts]
         golds = [p.answer for p in problems for _ in range(n)]
-        ok = checker.check(preds, golds)
+        # extraction runs with the check, in the time-limited worker; thinking on and no </think>
+        # means no answer (rpg_ref.math_reward.answer_region)
+        ok, preds = checker.check_responses(texts, golds, style, enable_thinking)
         rows = [ok[i * n:(i + 1) * n] for i in range(len(problems))]
         results[name] = summarize(rows, ks)
         results[name]["check_stats"] = checker.last_stats.as_dict()

@@ -323,7 +323,8 @@ class MathTask:
                              f"({self.dropped_long} dropped as longer than {o.max_prompt_tokens} "
                              f"prompt tokens) < --prompts-per-step {cfg.prompts_per_step}")
         self.scorer = MathReward(style=o.prompt, scoring=o.scoring, backend=o.checker,
-                                 timeout_s=o.check_timeout, num_workers=o.check_workers)
+                                 timeout_s=o.check_timeout, num_workers=o.check_workers,
+                                 thinking=o.enable_thinking)
 
     def _check_options(self) -> None:
         o = self.opt
