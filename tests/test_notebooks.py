@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("jupytext", reason="notebook tests need the [notebooks] extra")
 pytest.importorskip("nbclient", reason="notebook tests need the [notebooks] extra")
 pytest.importorskip("ipykernel", reason="notebook tests need the [notebooks] extra")
-import nbformat  # noqa: E402  (after the skips: an ImportError would hide their message)
+import nbformat  # after the skips, whose message an ImportError would hide
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -101,6 +101,13 @@ def test_staleness_check_catches_an_edit_and_missing_outputs(tmp_path):
     nbformat.write(nb, ipynb)
     found = build.problems(py)
     assert any("no outputs" in p for p in found) and any("not executed" in p for p in found)
+
+
+def test_build_refuses_an_unknown_notebook_before_any_work(capsys):
+    """`build.py NAME` with a name that is no notebook: one line naming the valid ones, exit 2."""
+    assert build.main(["06_no_such_notebook"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "06_no_such_notebook" in err[0] and NAMES[0] in err[0]
 
 
 @pytest.mark.parametrize("name", NAMES)
