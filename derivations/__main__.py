@@ -23,14 +23,18 @@ def _num(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def format_table(rows: list[dict], claim_width: int = 58) -> str:
+def format_table(rows: list[dict], claim_width: int = 58, timings: bool = True) -> str:
+    """The rows as an aligned text table. ``timings=False`` drops the seconds column (the
+    notebooks store their printed output, which should not change from run to run)."""
     head = ("status", "label", "claim", "symbolic", "exact max err", "MC max |z|", "seconds")
     lines = [head]
     for r in rows:
         claim = r["claim"] if len(r["claim"]) <= claim_width else r["claim"][: claim_width - 3] + "..."
         lines.append((r["status"], r["label"], claim, r["symbolic"], _num(r["exact_max_err"], ".1e"),
                       _num(r["mc_max_z"], ".2f"), f"{r['seconds']:.2f}"))
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    if not timings:
+        lines = [line[:-1] for line in lines]
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
     out = [" | ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(out)

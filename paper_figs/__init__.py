@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import clip_shapes, grad_variance, grpo_kl_error, kl_estimators, training
-from ._common import DEFAULT_OUT
+from ._common import DEFAULT_OUT, show
 
-__all__ = ["DEFAULT_OUT", "FIGURES", "Figure", "render"]
+__all__ = ["DEFAULT_OUT", "FIGURES", "Figure", "render", "show"]
 
 
 @dataclass(frozen=True)

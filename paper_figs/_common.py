@@ -1,11 +1,13 @@
 """Shared plumbing for paper_figs: the Agg backend, saving PNG + PDF, the paper's colours.
 
 Every figure module exposes a pure ``*_data()`` (numbers only, no matplotlib) and a
-``plot_*(data, out_dir)`` that draws those numbers and returns the files it wrote.
+``plot_*(data, out_dir)`` that draws those numbers and returns the files it wrote; with
+``out_dir=None`` (the notebooks) it shows the figure inline instead and writes nothing.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -18,10 +20,36 @@ GRAD_COLOR = "tab:blue"
 FLAT_COLOR = "m"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "paper_figs" / "out"
+# Inline figures are embedded in the committed notebooks: a moderate resolution keeps them small.
+NOTEBOOK_DPI = 80
 
 
-def save(fig, out_dir, name: str) -> list[Path]:
-    """Write ``name``.png and ``name``.pdf into out_dir; close the figure; return both paths."""
+def show(fig, dpi: int = NOTEBOOK_DPI) -> None:
+    """Display ``fig`` as an embedded PNG (a notebook output) and close it.
+
+    Rendered here rather than by the kernel's inline backend, so that the output does not depend
+    on the kernel's matplotlib settings. The committed notebooks embed these PNGs, so they are
+    stored with a 256-colour palette (a line plot has few colours; about 4x smaller) and without
+    the "Software" field (a rebuild with other library versions changes only changed pixels).
+    """
+    from IPython.display import Image, display  # only notebooks get here: IPython is their extra
+    from PIL import Image as PILImage  # Pillow: a dependency of matplotlib
+
+    rgba = io.BytesIO()
+    fig.savefig(rgba, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    png = io.BytesIO()
+    PILImage.open(rgba).convert("RGB").quantize(256).save(png, format="PNG", optimize=True)
+    display(Image(data=png.getvalue()))
+
+
+def save(fig, out_dir, name: str) -> list[Path] | None:
+    """Write ``name``.png and ``name``.pdf into out_dir; close the figure; return both paths.
+    ``out_dir=None``: show the figure inline instead (a notebook) and write nothing; returns None,
+    so that a notebook cell ending in a ``plot_*`` call prints no ``Out[]`` value."""
+    if out_dir is None:
+        show(fig)
+        return None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]

@@ -125,7 +125,7 @@ def _bounds(ax, eps, c):
     ax.grid(alpha=0.3)
 
 
-def plot_dualclip_loss(data: dict, out_dir, name: str = "ppo_dualclip_loss_vis"):
+def plot_dualclip_loss(data: dict, out_dir=None, name: str = "ppo_dualclip_loss_vis"):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     sym = r"\hat A" if data["beta"] == 0 else r"A"
     for ax, p in zip(axes, data["panels"]):
@@ -141,7 +141,7 @@ def plot_dualclip_loss(data: dict, out_dir, name: str = "ppo_dualclip_loss_vis")
     return save(fig, out_dir, name)
 
 
-def plot_rpg_style_clip(data: dict, out_dir, name: str = "offpolicy_rpg_rf_ppo_dualclip_v1"):
+def plot_rpg_style_clip(data: dict, out_dir=None, name: str = "offpolicy_rpg_rf_ppo_dualclip_v1"):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, p in zip(axes, data["panels"]):
         draw_masked(ax, data["w"], p["loss"], p["has_grad"], label_grad=r"gradient via $\ell$")
@@ -155,7 +155,7 @@ def plot_rpg_style_clip(data: dict, out_dir, name: str = "offpolicy_rpg_rf_ppo_d
     return save(fig, out_dir, name)
 
 
-def plot_rpg_style_clip_natural(data: dict, out_dir, name: str = "rpg_style_clip_pi_ref_eq_pi_old"):
+def plot_rpg_style_clip_natural(data: dict, out_dir=None, name: str = "rpg_style_clip_pi_ref_eq_pi_old"):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     colors = {"fkl": "tab:blue", "ufkl": "tab:orange", "rkl": "tab:green", "urkl": "tab:red"}
     for ax, p in zip(axes, data["panels"]):

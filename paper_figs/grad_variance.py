@@ -73,7 +73,7 @@ def grad_variance_data(scales=SCALES, beta: float = 0.5, n: int = 20_000, K: int
     return out
 
 
-def plot_grad_variance(data: dict, out_dir, name: str = "grad_variance_normalized_vs_unnormalized"):
+def plot_grad_variance(data: dict, out_dir=None, name: str = "grad_variance_normalized_vs_unnormalized"):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     x = data["scale"]
     for ax, pair in zip(axes, (("rpg-fkl", "rpg-ufkl"), ("rpg-rkl", "rpg-urkl"))):

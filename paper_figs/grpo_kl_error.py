@@ -76,7 +76,7 @@ def grpo_kl_error_data(distances=DISTANCES, settings=SETTINGS) -> dict:
     return {"settings": out, "source": source}
 
 
-def plot_grpo_kl_error(data: dict, out_dir, name: str = "grpo_kl_gradient_error"):
+def plot_grpo_kl_error(data: dict, out_dir=None, name: str = "grpo_kl_gradient_error"):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for (label, s), c in zip(data["settings"].items(), ("tab:blue", "tab:red")):
         ok = s["distance"] > 0

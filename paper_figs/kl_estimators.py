@@ -71,7 +71,7 @@ def kl_estimators_data() -> dict:
     return {"gaussian": gaussian_data(), "categorical": categorical_data()}
 
 
-def plot_kl_estimators(data: dict, out_dir, name: str = "kl_estimators_bias_spread"):
+def plot_kl_estimators(data: dict, out_dir=None, name: str = "kl_estimators_bias_spread"):
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     gd, cd = data["gaussian"], data["categorical"]
     for name_, c in COLORS.items():

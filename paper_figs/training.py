@@ -307,7 +307,7 @@ def _linestyle(run: str) -> str:
     return ":"
 
 
-def plot_dynamics(data: dict, out_dir, name: str, title: str = ""):
+def plot_dynamics(data: dict, out_dir=None, name: str = "dynamics", title: str = ""):
     panels = list(data["panels"])
     ncol = 3
     nrow = math.ceil(len(panels) / ncol)
@@ -338,7 +338,7 @@ def plot_dynamics(data: dict, out_dir, name: str, title: str = ""):
     return save(fig, out_dir, name)
 
 
-def plot_bandit_tv(table: dict, out_dir, name: str = "bandit_tv_to_optimum"):
+def plot_bandit_tv(table: dict, out_dir=None, name: str = "bandit_tv_to_optimum"):
     runs = [r for r in table["rows"].values() if r["tv"] is not None]
     fig, ax = plt.subplots(figsize=(8, 3.2))
     for i, r in enumerate(runs):

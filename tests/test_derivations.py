@@ -16,7 +16,7 @@ sympy = pytest.importorskip("sympy", reason="derivations need sympy (pip install
 
 import derivations
 from derivations import clipping, gpg, grpo_kl, k3, npg, offpolicy, tables, token_sequence, variance
-from derivations.__main__ import main
+from derivations.__main__ import format_table, main
 
 TESTED = set()
 
@@ -179,3 +179,16 @@ def test_cli_json_and_exit_status(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(derivations, "CHECKS", [broken])
     assert main(["--fast", "--only", "gpg"]) == 1
     assert "forced failure" in capsys.readouterr().out
+
+
+def test_table_without_timings_is_the_same_table_less_its_seconds_column():
+    """format_table(timings=False) (what the committed notebooks print, so that a rebuild does not
+    change them) drops exactly the seconds column and keeps every other cell."""
+    row = {"status": "pass", "label": "prop:x", "claim": "a claim", "symbolic": "0 [sympy]",
+           "exact_max_err": 1e-16, "mc_max_z": 1.5, "seconds": 12.34}
+    full = format_table([row]).splitlines()
+    short = format_table([row], timings=False).splitlines()
+    assert "seconds" in full[0] and "12.34" in full[2]
+    assert "seconds" not in short[0] and "12.34" not in short[2]
+    assert [line.rsplit(" | ", 1)[0].rstrip() for line in (full[0], full[2])] == \
+        [line.rstrip() for line in (short[0], short[2])]

@@ -5,6 +5,7 @@ paper_figs itself. Monte-Carlo comparisons use fixed seeds and a Bonferroni-corr
 threshold: each test's false-failure probability is at most ALPHA = 1e-6 under the CLT.
 """
 
+import io
 import json
 import math
 from statistics import NormalDist
@@ -488,3 +489,23 @@ def test_results_md_has_the_generated_side_by_side():
     results_md = (training.DEFAULT_LOGS.parent / "RESULTS.md").read_text()
     pasted = rt.side_by_side_markdown(rt.side_by_side_data()) in results_md
     assert pasted, "re-paste paper_vs_small_scale.md (rpg-figs --only paper_vs_small_scale) into small_scale/RESULTS.md"
+
+
+def test_plot_without_out_dir_shows_inline_and_writes_nothing(tmp_path, monkeypatch):
+    """out_dir=None (the notebooks): the figure is displayed once as a palette PNG (small enough to
+    commit inside a notebook), nothing is written, and the call returns None (no Out[] value)."""
+    ipy = pytest.importorskip("IPython.display", reason="inline figures need the [notebooks] extra")
+    from PIL import Image
+
+    shown = []
+    monkeypatch.setattr(ipy, "display", shown.append)
+    monkeypatch.chdir(tmp_path)
+    d = clip_shapes.dualclip_loss_data()
+    assert clip_shapes.plot_dualclip_loss(d) is None
+    assert list(tmp_path.iterdir()) == []
+    assert len(shown) == 1 and shown[0].format == "png"
+    img = Image.open(io.BytesIO(shown[0].data))
+    assert img.mode == "P" and "Software" not in img.info
+    with_files = clip_shapes.plot_dualclip_loss(d, tmp_path)
+    assert [p.name for p in with_files] == ["ppo_dualclip_loss_vis.png", "ppo_dualclip_loss_vis.pdf"]
+    assert len(shown) == 1
