@@ -8,8 +8,8 @@ Needs a CUDA GPU (refuses to run without one: one line, exit code 2). Each model
 shared config (shared/data/models/<name>/config.json) with random weights and the real Qwen3
 tokenizer, and trained for --steps training steps of the math task (deepmath_int problems, the
 paper's prompt, rpg-reinforce-urkl with RPG-Style Clip) in a fresh child process, with fp32 master
-weights and bf16 autocast, gradient checkpointing, micro-batches by a token budget, the LM head in
-chunks, and the HF engine (a bf16 copy of the weights, a static KV cache, a CUDA-graph decode step,
+weights and bf16 autocast, micro-batches by a token budget (gradient checkpointing for 4B only:
+CHECKPOINTING below), the LM head in chunks, and the HF engine (a bf16 copy of the weights, a static KV cache, a CUDA-graph decode step,
 as many sequences per call as memory holds). Random weights almost never emit EOS, so every
 response runs to --max-new-tokens. Checkpoints, the HF export and evaluation are switched off
 (they are not what is measured, and a 4B checkpoint with its AdamW state is 48 GB of disk).
@@ -56,11 +56,14 @@ MODES = {
     "quick": {"steps": 2, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 512},
     "full": {"steps": 3, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 2048},
 }
-# tokens per forward/backward, sized for 80 GB. 4B in the update: fp32 weights 16 GB + gradients
-# 16 GB + AdamW 32 GB; per micro-batch token, checkpointed layer inputs (36 x 2560 x 2 B) plus one
-# layer's recompute (~76 KB) and the LM head's 883-token chunks (~2 GB). Generation sizes its
-# batch from free memory (--hf-chunk auto).
+# tokens per forward/backward and activation checkpointing, sized for 80 GB (estimates, to tune on a
+# GPU). 0.6B / 1.7B: weights, gradients and AdamW take 10 / 27 GB, and all activations of 16K / 8K
+# tokens (~1.3 / 2.5 MB per token) fit without recomputation. 4B: fp32 weights 16 GB + gradients
+# 16 GB + AdamW 32 GB leave room only with checkpointed layers: per token the layer inputs
+# (36 x 2560 x 2 B) and one layer's recompute (~76 KB), plus one LM-head chunk (~3 GB).
+# Generation sizes its batch from free memory (--hf-chunk auto).
 MICRO_BATCH_TOKENS = {"qwen3-0.6b": 16384, "qwen3-1.7b": 8192, "qwen3-4b": 4096}
+CHECKPOINTING = {"qwen3-0.6b": False, "qwen3-1.7b": False, "qwen3-4b": True}
 MODELS = list(MICRO_BATCH_TOKENS)
 # dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets
 PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4,
@@ -131,8 +134,9 @@ def train_argv(name: str, args, out: Path) -> list:
     batch = args.prompts * args.group
     return ["--task", "math", "--engine", "hf", "--device", "cuda", "--out", str(out),
             "--math-model", str(data_dir() / "models" / name / "config.json"),
-            "--math-dtype", "bf16-autocast", "--math-gradient-checkpointing", "--math-eval-n", "0",
-            "--no-math-export", "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
+            "--math-dtype", "bf16-autocast", "--math-eval-n", "0", "--no-math-export",
+            "--math-gradient-checkpointing" if CHECKPOINTING[name] else "--no-math-gradient-checkpointing",
+            "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
             "--group-size", str(args.group), "--mini-batch-size", str(batch // args.updates),
             "--micro-batch-size", "0", "--micro-batch-tokens", str(MICRO_BATCH_TOKENS[name]),
             "--hf-chunk", "auto", "--max-new-tokens", str(args.max_new_tokens),
@@ -234,6 +238,7 @@ def main(argv: list | None = None) -> int:
         "mode": args.mode,
         "settings": {k: getattr(args, k) for k in ("steps", "prompts", "group", "updates", "max_new_tokens")},
         "micro_batch_tokens": {m: MICRO_BATCH_TOKENS[m] for m in args.models},
+        "gradient_checkpointing": {m: CHECKPOINTING[m] for m in args.models},
         "models": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

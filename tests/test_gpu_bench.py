@@ -72,8 +72,9 @@ def test_refuses_without_a_gpu(capsys):
 
 def test_benchmark_flags_are_a_valid_trainer_config(tmp_path):
     """The flags the benchmark hands to rpg-train parse into the intended configuration: math task,
-    HF engine with --hf-chunk auto, fp32 master weights + bf16 autocast, checkpointing, micro-batches
-    by the model's token budget, no export/eval; the quick mode's settings unless flags override."""
+    HF engine with --hf-chunk auto, fp32 master weights + bf16 autocast, checkpointing for 4B (not
+    for 0.6B), micro-batches by the model's token budget, no export/eval; the quick mode's
+    settings unless flags override."""
     cli = pytest.importorskip("rpg_ref.cli")
     args = gb.argparse.Namespace(mode="quick", prompts=None, group=None, updates=None, steps=None,
                                  max_new_tokens=1024)
@@ -86,6 +87,8 @@ def test_benchmark_flags_are_a_valid_trainer_config(tmp_path):
     o = cfg.task_options
     assert (o["dtype"], o["gradient_checkpointing"], o["export"], o["eval_n"]) == ("bf16-autocast", True, False, 0)
     assert o["model"].endswith("models/qwen3-4b/config.json") and cfg.engine_options["chunk"] == "auto"
+    small = cli.parse_config(gb.train_argv("qwen3-0.6b", args, tmp_path / "s"))
+    assert not small.task_options["gradient_checkpointing"] and small.micro_batch_tokens == 16384
     full = gb.argparse.Namespace(mode="full", prompts=None, group=None, updates=None, steps=None,
                                  max_new_tokens=None)
     gb.resolve_mode(full)
