@@ -7,9 +7,10 @@
             contract: ``sleep()`` frees it before the update, ``sync_weights(policy)`` rebuilds it
             from the updated weights and checks that every tensor equals the policy's cast to bf16
             (WeightSyncError otherwise); sampling from a copy that was not re-synced is refused.
-  KV cache  transformers' StaticCache: key/value buffers of a fixed length, so every decode step
-            has the same shapes. On CUDA the decode step is compiled with torch.compile
-            (mode "reduce-overhead": CUDA graphs; --hf-compile); the prompt pass runs eagerly.
+  KV cache  compiled (on CUDA by default, --hf-compile): transformers' StaticCache, key/value
+            buffers of a fixed length, so every decode step has the same shapes, and the step
+            compiled with torch.compile (mode "reduce-overhead": CUDA graphs); the prompt pass
+            runs eagerly. Not compiled: a DynamicCache, which attends to the filled slots only.
   batching  --hf-chunk sequences per call: auto (on CUDA as many as free memory holds, else all),
             0 (all) or a number.
   stopping  a call ends as soon as every sequence has emitted EOS.
@@ -103,6 +104,12 @@ def attention_mask(allowed: Tensor, kernel: str, dtype: torch.dtype) -> Tensor:
         ~allowed, torch.finfo(dtype).min)
 
 
+def _takes_cache_position(model) -> bool:
+    """transformers < 5 pass the cache slots to write (cache_position) to the forward."""
+    forward = getattr(model, "module", model).forward
+    return "cache_position" in inspect.signature(forward).parameters
+
+
 def _fp32_or_wider(logits: Tensor) -> Tensor:
     """A copy (a compiled step's output buffer is overwritten by the next step) in fp32, or
     fp64 for a fp64 model."""
@@ -111,30 +118,35 @@ def _fp32_or_wider(logits: Tensor) -> Tensor:
 
 @torch.no_grad()
 def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperature: float,
-           top_p: float, max_new_tokens: int, cache_len: int = 0) -> tuple[Tensor, Tensor]:
+           top_p: float, max_new_tokens: int, cache_len: int = 0, static: bool = True):
     """Sample up to max_new_tokens after each prompt: (tokens [B, T], sampler log-probs [B, T]),
     pad after EOS. ``model`` runs the prompt pass, ``step`` (the same module, maybe compiled) the
-    one-token decode steps; both against one static KV cache of cache_len >= P + max_new_tokens
-    slots. Prompts are left-padded to P; slot P + t holds the t-th new token."""
-    from transformers import StaticCache
+    one-token decode steps. Prompts are left-padded to P; the t-th new token goes to cache slot
+    P + t. ``static``: a StaticCache of cache_len >= P + max_new_tokens slots, so that every decode
+    step has the same shapes (what a compiled step needs); else a DynamicCache that grows by one
+    slot per step (less attention work without compilation)."""
+    from transformers import DynamicCache, StaticCache
 
     dev = next(model.parameters()).device
     ids, am = left_pad(prompts, pad_id, dev)  # [B, P]
     (B, P), L = ids.shape, max(cache_len, ids.shape[1] + max_new_tokens)
     config = model.config
     kernel, dtype = config._attn_implementation, next(model.parameters()).dtype
-    cache = StaticCache(config=config, max_cache_len=L)
-    old_api = "cache_position" in inspect.signature(getattr(model, "module", model).forward).parameters
+    cache = StaticCache(config=config, max_cache_len=L) if static else DynamicCache()
+    old_api = _takes_cache_position(model)
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
         return {"cache_position": torch.arange(start, start + n, device=dev)} if old_api else {}
+
+    def keys(n_filled: int) -> int:  # key slots an attention call sees
+        return L if static else n_filled
 
     # prompt pass: query q sees slot k <= q holding a prompt token, and itself (so that a padding
     # query sees something: a row of -inf would give NaN keys/values that later leak as 0 * NaN)
     seen = torch.zeros(B, L, dtype=torch.bool, device=dev)  # slots that hold a real token
     seen[:, :P] = am.bool()
-    q, k = torch.arange(P, device=dev)[:, None], torch.arange(L, device=dev)[None, :]
-    allowed = ((k <= q) & seen[:, None, :]) | (k == q)  # [B, P, L]
+    q, k = torch.arange(P, device=dev)[:, None], torch.arange(keys(P), device=dev)[None, :]
+    allowed = ((k <= q) & seen[:, None, : keys(P)]) | (k == q)  # [B, P, keys]
     pos = (am.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     out = model(input_ids=ids, attention_mask=attention_mask(allowed[:, None], kernel, dtype),
                 position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1,
@@ -155,8 +167,8 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
             break
         seen[:, P + t] = True
         last = last + 1
-        out = step(input_ids=tok[:, None], position_ids=last,
-                   attention_mask=attention_mask(seen[:, None, None, :], kernel, dtype),
+        mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
+        out = step(input_ids=tok[:, None], position_ids=last, attention_mask=mask,
                    past_key_values=cache, use_cache=True, logits_to_keep=1, **slots_kw(P + t, 1))
         logits = _fp32_or_wider(out.logits[:, -1])
     return torch.stack(toks, 1), torch.stack(lps, 1)
@@ -276,8 +288,8 @@ class HFEngine:
         was_training = self.policy.training
         self.policy.eval()
         for s in range(0, len(flat), size):
-            toks, lps = decode(sampler, step, flat[s : s + size], self.task.pad_id,
-                               self.task.eos_id, temperature, top_p, max_new_tokens, cache_len)
+            toks, lps = decode(sampler, step, flat[s : s + size], self.task.pad_id, self.task.eos_id,
+                               temperature, top_p, max_new_tokens, cache_len, static=self.compiled)
             for row, lp in zip(toks.tolist(), lps.tolist()):
                 r = cut_at_eos(row, self.task.eos_id)
                 responses.append(r)
