@@ -76,6 +76,10 @@ class Config:
     # --- update ---
     mini_batch_size: int = _f(32, "responses per optimizer step")
     micro_batch_size: int = _f(0, "responses per forward/backward (gradient accumulation); 0 = mini-batch")
+    micro_batch_tokens: int = _f(0, "at most this many tokens per forward/backward (rows x longest "
+                                 "prompt+response; sequences sorted by length first; 0 = no limit)")
+    logprob_chunk: int = _f(0, "response tokens per LM-head call in log-prob passes (0 = auto: "
+                            "512 MiB of fp32 logits, 883 tokens for Qwen3's vocabulary)")
     updates_per_step: int | None = _f(None, "K: max optimizer steps per rollout batch (default one "
                                       "pass: batch / mini_batch_size)")
     kappa: float = _f(math.inf, "stop the inner loop when the running token-level KL(pi_theta||pi_old) "
@@ -226,6 +230,8 @@ def fill_options(cfg: Config, flags: dict, owners: dict) -> None:
             raise ValueError(f"bad configuration: unknown {key} for {name}: {sorted(unknown)}; "
                              f"valid: {sorted(base)}")
         setattr(cfg, key, {**base, **getattr(cfg, key), **mine})
+        if hasattr(cls, "Options"):
+            cls.Options(**getattr(cfg, key))  # an Options class may check its values (__post_init__)
 
 
 # =============================================================================================
@@ -269,6 +275,9 @@ def validate(cfg: Config) -> None:
     if cfg.micro_batch_size < 0 or (cfg.micro_batch_size and cfg.mini_batch_size % cfg.micro_batch_size):
         bad(f"mini_batch_size {cfg.mini_batch_size} is not divisible into micro-batches of "
             f"{cfg.micro_batch_size}")
+    if cfg.micro_batch_tokens < 0 or cfg.logprob_chunk < 0:
+        bad(f"micro_batch_tokens ({cfg.micro_batch_tokens}) and logprob_chunk ({cfg.logprob_chunk}) "
+            f"must be >= 0 (0 = no limit / auto)")
     if not cfg.temperature > 0:
         bad(f"temperature must be > 0, got {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:

@@ -59,6 +59,22 @@ class Batch:
         return Batch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx])
                         for f in dataclasses.fields(self)})
 
+    def trimmed(self) -> Batch:
+        """The same rows without the columns that are padding in every row: prompt columns left of
+        the longest prompt, response columns right of the longest response. Position ids are
+        kept, so every real token is computed exactly as before."""
+        P, T = self.prompt_len, max(1, int(self.mask.sum(1).max()))
+        P_real = int(self.attention_mask[:, :P].sum(1).max())
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask", "position_ids"):  # [N, P+T]
+                v = v[:, P - P_real : P + T]
+            elif v is not None and v.dim() == 2:  # [N, T]: mask, log-probs, per-token advantages
+                v = v[:, :T]
+            out[f.name] = v
+        return Batch(**out)
+
 
 def left_pad(prompts: list, pad_id: int, device) -> tuple[Tensor, Tensor]:
     """Token lists -> (ids, attention mask), both [B, P], padded on the left (as HF generate)."""
@@ -105,7 +121,12 @@ class Task(Protocol):
 
     def __init__(self, cfg, device: torch.device): ...
     def build_policy(self) -> nn.Module:
-        """The trainable policy: module(input_ids, attention_mask, position_ids, logits_to_keep).logits."""
+        """The trainable policy: module(input_ids, attention_mask, position_ids, logits_to_keep).logits.
+
+        Optional, for speed: a plain Hugging Face causal LM, or a wrapper with ``lm_parts()``
+        (rpg_ref.logprobs), gets its log-probs with the LM head applied in chunks; a wrapper that
+        exposes the HF model as ``.module`` and computes under bf16 autocast (``.autocast``) is
+        sampled by the hf engine from a bf16 copy of its weights."""
 
     def sample_prompts(self, n: int, gen: torch.Generator) -> list[Prompt]:
         """n prompts drawn with ``gen`` (the trainer's prompt stream: resume replays it)."""

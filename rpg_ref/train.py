@@ -46,6 +46,7 @@ from rpg_ref.checkpoint import atomic_write, latest_step, load_checkpoint, save_
 from rpg_ref.config import Config, loss_beta, resolved_adv, resolved_clip
 from rpg_ref.interfaces import Batch, collate
 from rpg_ref.kl import k3
+from rpg_ref.logprobs import micro_batches, token_logprobs
 from rpg_ref.losses import LOSSES
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
@@ -105,30 +106,22 @@ def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Ba
 # =============================================================================================
 
 
-def token_logprobs(model: nn.Module, b: Batch, temperature: float, entropy: bool = False):
-    """log model(y_t | prefix) of the response tokens at the sampling temperature: [B, T] (+ entropy)."""
-    T = b.mask.shape[1]
-    out = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids,
-                logits_to_keep=T + 1)
-    logits = out.logits[:, :-1].float() / temperature  # [B, T, V] predicts y_1..y_T
-    tok = b.input_ids[:, -T:]  # [B, T]
-    lse = torch.logsumexp(logits, -1)  # [B, T]
-    logp = logits.gather(-1, tok[..., None])[..., 0] - lse  # [B, T]
-    if not entropy:
-        return logp
-    p = torch.softmax(logits, -1)
-    return logp, lse - (p * logits).sum(-1)  # [B, T] H = lse - E_p[logit]
-
-
 @torch.no_grad()
 def batch_logprobs(model: nn.Module, b: Batch, cfg: Config, entropy: bool) -> tuple:
-    """Behaviour (or reference) log-probs of the whole batch, in chunks of a micro-batch."""
-    chunk = cfg.micro_batch_size or cfg.mini_batch_size
-    outs = [token_logprobs(model, b.index(slice(s, s + chunk)), cfg.temperature, entropy)
-            for s in range(0, len(b), chunk)]
-    if entropy:
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-    return torch.cat(outs), None
+    """Behaviour (or reference) log-probs [N, T] of the whole batch (and the entropy), micro-batch
+    by micro-batch (rpg_ref.logprobs: padding cut, LM head in chunks); 0 at padding."""
+    logp = ent = None
+    max_seqs = cfg.micro_batch_size or cfg.mini_batch_size
+    for idx, ub in micro_batches(b, max_seqs, cfg.micro_batch_tokens):
+        out = token_logprobs(model, ub, cfg.temperature, entropy, cfg.logprob_chunk)
+        lp, e = out if entropy else (out, None)
+        if logp is None:
+            logp = lp.new_zeros(b.mask.shape)
+            ent = lp.new_zeros(b.mask.shape) if entropy else None
+        logp[idx, : lp.shape[1]] = lp
+        if entropy:
+            ent[idx, : e.shape[1]] = e
+    return logp, ent
 
 
 # =============================================================================================
@@ -140,8 +133,9 @@ STAT_KEYS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", 
 
 def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config) -> dict:
     """The inner loop: K optimizer steps on mini-batches of M responses, reshuffled every pass,
-    each accumulated over micro-batches. Stops before a step when the running mean of
-    stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa."""
+    each accumulated over micro-batches (at most --micro-batch-size responses and
+    --micro-batch-tokens tokens: rpg_ref.logprobs.micro_batches). Stops before a step when the
+    running mean of stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa."""
     loss_fn, N, M = LOSSES[cfg.algo], len(b), cfg.mini_batch_size
     mu, per_pass = cfg.micro_batch_size or M, N // M
     K = cfg.updates_per_step or per_pass
@@ -157,9 +151,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config)
             opt.zero_grad(set_to_none=True)
             mb_tokens = float(mb.mask.sum())
             mstats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
-            for s in range(0, M, mu):
-                ub = mb.index(slice(s, s + mu))
-                logp = token_logprobs(policy, ub, cfg.temperature)  # [mu, T] differentiable
+            for _, ub in micro_batches(mb, mu, cfg.micro_batch_tokens):  # padding cut per micro-batch
+                logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)  # [mu, T']
                 loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp, **loss_kw)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
                 # (tokens for token-mean, sequences for the seq-mean aggregations)
@@ -264,6 +257,8 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     if not cfg.resume:
         atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
+    if start:
+        engine.sync_weights(policy)  # the engine was built before the checkpoint was loaded
     log, bar = MetricsLog(out, start, cfg.tensorboard), Progress(cfg.steps, start, cfg.progress)
     model_params = sum(p.numel() for p in policy.parameters())
     row = log.last_row()  # {} for a new run

@@ -23,14 +23,14 @@ Needs the bench extra (``pip install 'rpg-ref[bench]'``: trl, psutil).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
+from bench_common import peak_rss_mb, ratio_rows, rollout_cycles, rss_mb, run_worker, step_timer
 
 COMMON = {
     "prompts": 16,
@@ -46,20 +46,6 @@ MODEL = {}  # seq task model options (--hidden/--layers), the same for both trai
 
 def model_flags() -> list:
     return [x for k, v in MODEL.items() for x in (f"--seq-{k}", str(v))]
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def _peak_mb() -> float:
-    """Peak RSS of this process: VmHWM (ru_maxrss would include a forking parent's peak)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (this benchmark needs Linux)")
 
 
 def prepare(out: Path) -> Path:
@@ -114,13 +100,13 @@ def prepare(out: Path) -> Path:
 
 
 def run_ours(out: Path, steps: int) -> dict:
-    rss0 = _rss_mb()
+    rss0 = rss_mb()
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (same library baseline as TRL's)
 
     from rpg_ref.cli import parse_config
     from rpg_ref.train import train
 
-    rss_imports = _rss_mb()
+    rss_imports = rss_mb()
     c = COMMON
     argv = [
         "--task",
@@ -163,7 +149,7 @@ def run_ours(out: Path, steps: int) -> dict:
     times = [r["time_step"] for r in rows[1:-1]]
     return {
         "step_s": times,
-        "peak_rss_mb": _peak_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "rss_start_mb": rss_imports,
         "rss_python_mb": rss0,
         "reward": [r["reward"] for r in rows],
@@ -171,14 +157,13 @@ def run_ours(out: Path, steps: int) -> dict:
 
 
 def run_trl(out: Path, steps: int, model_dir: Path) -> dict:
-    rss0 = _rss_mb()
+    rss0 = rss_mb()
     import torch
     import trl
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    rss_imports = _rss_mb()
+    rss_imports = rss_mb()
     torch.set_num_threads(1)
     c = COMMON
     EOS = 13  # SeqTask.EOS
@@ -197,14 +182,6 @@ def run_trl(out: Path, steps: int, model_dir: Path) -> dict:
         return [float(list(ids) == ans + [EOS]) for ids, ans in zip(completion_ids, answer)]
 
     stamps = []
-
-    class Timer(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-        def on_train_begin(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-
     args = GRPOConfig(
         output_dir=str(out / "trl"),
         use_cpu=True,
@@ -241,16 +218,14 @@ def run_trl(out: Path, steps: int, model_dir: Path) -> dict:
         reward_funcs=reward,
         args=args,
         train_dataset=Dataset.from_list(data),
-        callbacks=[Timer()],
+        callbacks=[step_timer(stamps)],
     )
     assert trainer.ref_model is not None, "TRL with beta > 0 should hold a reference model"
     trainer.train()
-    iv = [b - a for a, b in itertools.pairwise(stamps)]  # per optimizer step
-    k = args.steps_per_generation
-    cycles = [sum(iv[i : i + k]) for i in range(0, len(iv) - k + 1, k)]  # per rollout batch
+    cycles = rollout_cycles(stamps, args.steps_per_generation)  # per rollout batch
     return {
         "step_s": cycles[1:],
-        "peak_rss_mb": _peak_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "rss_start_mb": rss_imports,
         "rss_python_mb": rss0,
         "trl_version": trl.__version__,
@@ -285,23 +260,9 @@ def main() -> None:
     prepare(out)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for w in ("ours", "trl"):
-        t0 = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--steps",
-                str(a.steps),
-                "--out",
-                a.out,
-                "--_worker",
-                w,
-                *[x for k, v in MODEL.items() for x in ("--" + k, str(v))],
-            ],
-            check=True,
-            env=env,
-        )
-        print(f"[{w}] finished in {time.perf_counter() - t0:.1f} s", flush=True)
+        argv = ["--steps", str(a.steps), "--out", a.out, "--_worker", w,
+                *[x for k, v in MODEL.items() for x in ("--" + k, str(v))]]
+        run_worker(__file__, argv, env, w)
     ours, trl_ = (json.loads((out / f"{w}.json").read_text()) for w in ("ours", "trl"))
     med = lambda r: statistics.median(r["step_s"])
     from safetensors.torch import load_file
@@ -313,19 +274,10 @@ def main() -> None:
         f"CPU fp32, 1 thread; TRL {trl_['trl_version']}; medians over {len(ours['step_s'])} (ours) / "
         f"{len(trl_['step_s'])} (TRL) steps\n"
     )
-    print("| metric | rpg-train (rpg-reinforce-urkl) | TRL GRPOTrainer (beta>0) | ratio ours/TRL |")
-    print("|---|---|---|---|")
-    print(
-        f"| seconds per training step (median) | {med(ours):.3f} | {med(trl_):.3f} | {med(ours) / med(trl_):.2f} |"
-    )
-    print(
-        f"| peak RSS (MiB) | {ours['peak_rss_mb']:.0f} | {trl_['peak_rss_mb']:.0f} | "
-        f"{ours['peak_rss_mb'] / trl_['peak_rss_mb']:.2f} |"
-    )
-    print(
-        f"| RSS after imports (MiB) | {ours['rss_start_mb']:.0f} | {trl_['rss_start_mb']:.0f} | "
-        f"{ours['rss_start_mb'] / trl_['rss_start_mb']:.2f} |"
-    )
+    for r in ratio_rows(ours, trl_, [("seconds per training step (median)", "step_s", ".3f"),
+                                     ("peak RSS (MiB)", "peak_rss_mb", ".0f"),
+                                     ("RSS after imports (MiB)", "rss_start_mb", ".0f")]):
+        print(r)
     po, pt = ours["peak_rss_mb"] - ours["rss_start_mb"], trl_["peak_rss_mb"] - trl_["rss_start_mb"]
     print(f"| peak RSS above imports (MiB) | {po:.0f} | {pt:.0f} | {po / pt:.2f} |")
     print(f"\nspeed-up (TRL time / ours): {med(trl_) / med(ours):.2f}x")

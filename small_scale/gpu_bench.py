@@ -1,16 +1,24 @@
-"""GPU benchmark of `rpg-train --task math`: Qwen3-0.6B / 1.7B / 4B at 2K-token responses, HF engine.
+"""GPU benchmark of `rpg-train --task math`: Qwen3-0.6B / 1.7B / 4B with the HF engine.
 
-    python small_scale/gpu_bench.py                          # all three, writes small_scale/results/gpu.json
-    python small_scale/gpu_bench.py --models qwen3-0.6b --steps 4
+    python small_scale/gpu_bench.py                       # quick: the three models, writes small_scale/results/gpu.json
+    python small_scale/gpu_bench.py --mode full           # 2,048-token responses, one more step
+    python small_scale/gpu_bench.py --models qwen3-4b --max-new-tokens 8192 --mode full
 
-Needs a CUDA GPU (refuses to run without one). Each model is built from its shared config
-(shared/data/models/<name>/config.json) with random weights and the real Qwen3 tokenizer, and
-trained for --steps training steps of the math task (deepmath_int problems, the paper's prompt,
-rpg-reinforce-urkl with RPG-Style Clip) in a fresh child process, with fp32 master weights and
-bf16 autocast, gradient checkpointing, and the HF `generate` engine. Random weights almost never
-emit EOS, so every response runs to --max-new-tokens (2048): the step is a full-length 2K step.
-Checkpoints, the HF export and evaluation are switched off (they are not what is measured, and
-a 4B checkpoint with its AdamW state is 48 GB of disk).
+Needs a CUDA GPU (refuses to run without one: one line, exit code 2). Each model is built from its
+shared config (shared/data/models/<name>/config.json) with random weights and the real Qwen3
+tokenizer, and trained for --steps training steps of the math task (deepmath_int problems, the
+paper's prompt, rpg-reinforce-urkl with RPG-Style Clip) in a fresh child process, with fp32 master
+weights and bf16 autocast, micro-batches by a token budget (gradient checkpointing for 4B only:
+CHECKPOINTING below), the LM head in chunks, and the HF engine (a bf16 copy of the weights, a static KV cache, a CUDA-graph decode step,
+as many sequences per call as memory holds). Random weights almost never emit EOS, so every
+response runs to --max-new-tokens. Checkpoints, the HF export and evaluation are switched off
+(they are not what is measured, and a 4B checkpoint with its AdamW state is 48 GB of disk).
+
+Modes (explicit flags override them):
+    quick  2 steps (1 measured) of 4 prompts x 8 responses, 512 new tokens, 2 optimizer steps:
+           the issue's generation setting (0.6B, batch 32 x 512); meant to finish the three models
+           within 5 minutes on one H100 (an estimate: not yet timed on a GPU)
+    full   3 steps (2 measured) of 4 x 8 at 2,048 new tokens
 
 Per model, from the trainer's metrics.jsonl, the first step dropped as warm-up (CUDA kernels,
 allocator) and the median of the rest reported:
@@ -31,7 +39,6 @@ allocator) and the median of the rest reported:
     attention's sequence-length term and the gradient-checkpointing recompute are not counted,
     so these are lower bounds of the hardware utilization (the usual MFU convention).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -45,15 +52,19 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# micro-batch (sequences per forward/backward) and HF generate chunk (sequences per generate call),
-# sized for 80 GB. 4B during generation: fp32 weights 16 GB + AdamW 32 GB + gradients 16 GB (the
-# trainer keeps the last step's gradients) + autocast's bf16 weight copy 8 GB + KV cache
-# 8 x 2.3K tokens x 144 KiB = 2.6 GB; the fp32 logits of one 2K micro-batch are ~1.2 GB per copy.
-MODELS = {
-    "qwen3-0.6b": {"micro": 4, "chunk": 32},
-    "qwen3-1.7b": {"micro": 2, "chunk": 32},
-    "qwen3-4b": {"micro": 1, "chunk": 8},
+MODES = {
+    "quick": {"steps": 2, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 512},
+    "full": {"steps": 3, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 2048},
 }
+# tokens per forward/backward and activation checkpointing, sized for 80 GB (estimates, to tune on a
+# GPU). 0.6B / 1.7B: weights, gradients and AdamW take 10 / 27 GB, and all activations of 16K / 8K
+# tokens (~1.3 / 2.5 MB per token) fit without recomputation. 4B: fp32 weights 16 GB + gradients
+# 16 GB + AdamW 32 GB leave room only with checkpointed layers: per token the layer inputs
+# (36 x 2560 x 2 B) and one layer's recompute (~76 KB), plus one LM-head chunk (~3 GB).
+# Generation sizes its batch from free memory (--hf-chunk auto).
+MICRO_BATCH_TOKENS = {"qwen3-0.6b": 16384, "qwen3-1.7b": 8192, "qwen3-4b": 4096}
+CHECKPOINTING = {"qwen3-0.6b": False, "qwen3-1.7b": False, "qwen3-4b": True}
+MODELS = list(MICRO_BATCH_TOKENS)
 # dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets
 PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4,
                     "GH200": 989.4, "A100": 312.0, "L40S": 362.05}
@@ -120,16 +131,23 @@ def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float, w
 def train_argv(name: str, args, out: Path) -> list:
     from rpg_ref.math_data import data_dir
 
-    m = MODELS[name]
     batch = args.prompts * args.group
     return ["--task", "math", "--engine", "hf", "--device", "cuda", "--out", str(out),
             "--math-model", str(data_dir() / "models" / name / "config.json"),
-            "--math-dtype", "bf16-autocast", "--math-gradient-checkpointing", "--math-eval-n", "0",
-            "--no-math-export", "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
+            "--math-dtype", "bf16-autocast", "--math-eval-n", "0", "--no-math-export",
+            "--math-gradient-checkpointing" if CHECKPOINTING[name] else "--no-math-gradient-checkpointing",
+            "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
             "--group-size", str(args.group), "--mini-batch-size", str(batch // args.updates),
-            "--micro-batch-size", str(m["micro"]), "--hf-chunk", str(m["chunk"]),
-            "--max-new-tokens", str(args.max_new_tokens), "--overlong-buffer", "0",
-            "--no-dynamic-sampling", "--lr", "1e-6", "--no-progress"]
+            "--micro-batch-size", "0", "--micro-batch-tokens", str(MICRO_BATCH_TOKENS[name]),
+            "--hf-chunk", "auto", "--max-new-tokens", str(args.max_new_tokens),
+            "--overlong-buffer", "0", "--no-dynamic-sampling", "--lr", "1e-6", "--no-progress"]
+
+
+def resolve_mode(args) -> None:
+    """Fill the settings not given on the command line from the --mode preset."""
+    for k, v in MODES[args.mode].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
 
 def run_one(name: str, args, result_file: Path) -> None:
@@ -151,18 +169,21 @@ def run_one(name: str, args, result_file: Path) -> None:
 
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--steps", type=int, default=3, help="training steps per model (the first is warm-up)")
-    ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    ap.add_argument("--group", type=int, default=8, help="responses per prompt")
-    ap.add_argument("--updates", type=int, default=2, help="optimizer steps per training step")
-    ap.add_argument("--max-new-tokens", type=int, default=2048)
+    ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    ap.add_argument("--mode", choices=list(MODES), default="quick",
+                    help="preset of the settings below: " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    ap.add_argument("--steps", type=int, help="training steps per model (the first is warm-up)")
+    ap.add_argument("--prompts", type=int, help="prompts per step")
+    ap.add_argument("--group", type=int, help="responses per prompt")
+    ap.add_argument("--updates", type=int, help="optimizer steps per training step")
+    ap.add_argument("--max-new-tokens", type=int, help="response length (random weights: always reached)")
     ap.add_argument("--peak-tflops", type=float, default=0.0,
                     help="the GPU's dense bf16 peak (0 = look it up from the device name)")
     ap.add_argument("--out", default=str(REPO / "small_scale" / "results" / "gpu.json"))
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: child process
     ap.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    resolve_mode(args)
 
     import torch
 
@@ -214,7 +235,10 @@ def main(argv: list | None = None) -> int:
         "torch": torch.__version__, "transformers": transformers.__version__,
         "flops_formula": "FLOPs(step) = 6 N T_train + 2 N T_logprob + 2 N T_gen; MFU = FLOPs / "
                          "(seconds * peak); prompt tokens, attention and recompute not counted",
+        "mode": args.mode,
         "settings": {k: getattr(args, k) for k in ("steps", "prompts", "group", "updates", "max_new_tokens")},
+        "micro_batch_tokens": {m: MICRO_BATCH_TOKENS[m] for m in args.models},
+        "gradient_checkpointing": {m: CHECKPOINTING[m] for m in args.models},
         "models": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,26 @@
-"""Memory budget of full-parameter RL on one 80 GB GPU with a colocated vLLM (preset qwen3-4b-h100).
+"""Memory budget (an ESTIMATE) of full-parameter RL of Qwen3-4B on one 80 GB GPU (preset qwen3-4b-h100).
 
     python small_scale/memory_budget.py [--config PATH] [--gpu-gib 80] [--prompt-len 1024]
+                                        [--engine vllm|hf] [--unchunked] [--responses 2048 4096 8192]
 
 Counts parameters from a Hugging Face Qwen3 config.json (default: the shared Qwen3-4B config) and
-prints, for 2K/4K/8K responses, what is resident on the GPU in the two phases of a step:
+prints, for each response length, what is resident on the GPU in the two phases of a step:
 
-  training (vLLM asleep, level 1: its weights are in CPU memory and its KV cache is freed)
+  training (the rollout engine asleep: vLLM level 1 keeps its weights in CPU memory and frees its
+      KV cache; the hf engine frees its bf16 copy of the weights)
       fp32 master weights 4 B/param + fp32 grads 4 B/param + AdamW m, v fp32 8 B/param
       (or 8-bit AdamW: 2 B/param), bf16 autocast compute, gradient checkpointing per layer,
-      micro-batch of 1 sequence, log-probs computed in chunks of --logit-chunk response tokens;
-  rollout (vLLM awake: bf16 weights + KV cache; trainer grads freed)
-      either the trainer's fp32 master + optimizer state stay on the GPU, or they are moved to
-      pinned CPU memory for the rollout (recommended: ~45 GiB over PCIe each way, seconds per step).
+      micro-batch of 1 sequence, and the LM head applied to chunks of response tokens as
+      rpg_ref.logprobs does (--logit-chunk, default its automatic size; --unchunked: the whole
+      response at once, as the trainer did before chunking);
+  rollout (the trainer's gradients are freed)
+      vllm: vLLM's bf16 weights + KV cache, the trainer's state either on the GPU or moved to
+      pinned CPU memory; hf: the trainer's state stays, plus the engine's bf16 copy and a static
+      KV cache for as many sequences as fit.
 
 Why fp32 master weights: bf16 keeps 8 significant bits, so a weight of magnitude 0.02 sits on a
 grid of spacing 2^-6 * 2^-8 ~ 6e-5 and an AdamW step of lr = 1e-6 is rounded away; the script
-checks this with torch. Estimates of activations are analytic (documented inline), not measured.
+checks this with torch. Activations are analytic estimates (documented inline), not measurements.
 """
 from __future__ import annotations
 
@@ -48,21 +53,46 @@ def kv_bytes_per_token(c: dict, dtype_bytes: int = 2) -> int:
     return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * hd * dtype_bytes
 
 
-def activation_bytes(c: dict, seq: int, resp: int, logit_chunk: int, micro: int = 1) -> dict:
+# bytes per element of a [tokens, vocab] block of logits at the peak of its backward pass, bf16
+# autocast: the bf16 logits (2) and their fp32 copy (4), then softmax (4), the log-sum-exp and
+# gather gradients (4 + 4) and their sum (4), cast to bf16 for the matrix product (2). An upper
+# count (not all are alive at once), the same for one chunk (rpg_ref.logprobs) as for a whole
+# response (the trainer before chunking). Calibration: the issue-11 H100 run of that earlier
+# trainer (Qwen3-4B, 1,024-token responses, ~123-token prompts, micro-batch 1, hf engine)
+# peaked at 68.6 GiB; this script gives 68.8 GiB for it (--engine hf --unchunked
+# --prompt-len 123 --responses 1024).
+LOGIT_BYTES = 24
+# under autocast each LM-head call casts the fp32 head weight to bf16 (2 B/param) and its backward
+# makes a bf16 gradient (2) converted to fp32 (4) before it is added to the weight's gradient
+HEAD_WEIGHT_BYTES = 8
+
+
+def auto_logit_chunk(c: dict) -> int:
+    """The trainer's automatic chunk (rpg_ref.logprobs.AUTO_CHUNK_BYTES of fp32 logits)."""
+    from rpg_ref.logprobs import AUTO_CHUNK_BYTES
+
+    return max(1, AUTO_CHUNK_BYTES // (4 * c["vocab_size"]))
+
+
+def activation_bytes(c: dict, seq: int, resp: int, logit_chunk: int, micro: int = 1,
+                     unchunked: bool = False) -> dict:
     """Training activations with per-layer gradient checkpointing, bf16 compute.
 
     checkpoints: each layer's input [micro, seq, H] in bf16 is kept for the backward pass;
     layer recompute: one layer's q,k,v,attn-out and gate,up,act,prod tensors, doubled for their
     gradients (SDPA/flash attention keeps no [seq, seq] matrix);
-    logits: a chunk of response tokens' logits in bf16 + fp32 log-softmax + its fp32 gradient.
+    logits: one chunk of response tokens (or the whole response, unchunked) at the bytes per
+    element above, plus the head weight's bf16 cast and gradient.
     """
     H, L, V, I = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
     hd = c.get("head_dim", H // c["num_attention_heads"])
     qkvo = (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
     ckpt = L * micro * seq * H * 2
     layer = 2 * micro * seq * (qkvo + 4 * I + 4 * H) * 2
-    logits = micro * min(resp, logit_chunk) * V * (2 + 4 + 4)
-    return {"checkpoints": ckpt, "layer_recompute": layer, "logits_chunk": logits}
+    tokens = micro * (resp + 1) if unchunked else min(micro * resp, logit_chunk)
+    logits = tokens * V * LOGIT_BYTES
+    return {"checkpoints": ckpt, "layer_recompute": layer, "logits_chunk": logits,
+            "lm_head_weight_bf16_cast_and_grad": HEAD_WEIGHT_BYTES * V * H}
 
 
 def bf16_loses_small_updates() -> tuple[bool, bool]:
@@ -74,16 +104,25 @@ def bf16_loses_small_updates() -> tuple[bool, bool]:
 
 
 def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int, adam_bytes: int,
-           reserve_gib: float, vllm_sleep_residual_gib: float, vllm_act_gib: float) -> dict:
+           reserve_gib: float, vllm_sleep_residual_gib: float, vllm_act_gib: float,
+           engine: str = "vllm", unchunked: bool = False) -> dict:
     n = param_count(c)["total"]
     seq = prompt_len + resp
-    act = activation_bytes(c, seq, resp, logit_chunk)
+    act = activation_bytes(c, seq, resp, logit_chunk or auto_logit_chunk(c), unchunked=unchunked)
     train = {"fp32 master weights": 4 * n, "fp32 gradients": 4 * n, f"AdamW m,v ({adam_bytes} B/param)": adam_bytes * n,
-             **{f"activations: {k}": v for k, v in act.items()},
-             "vLLM asleep (level 1): CUDA graphs, context": vllm_sleep_residual_gib * GiB,
-             "CUDA context + allocator slack": reserve_gib * GiB}
+             **{f"activations: {k}": v for k, v in act.items()}}
+    if engine == "vllm":
+        train["vLLM asleep (level 1): CUDA graphs, context"] = vllm_sleep_residual_gib * GiB
+    train["CUDA context + allocator slack"] = reserve_gib * GiB
     kv_tok = kv_bytes_per_token(c)
     out = {"params": n, "seq": seq, "train": train, "train_total": sum(train.values())}
+    if engine == "hf":  # the trainer's weights and AdamW state stay; gradients were freed
+        resident = (4 + adam_bytes) * n
+        kv = gpu_gib * GiB - reserve_gib * GiB - resident - 2 * n
+        out["rollout_hf"] = {"trainer state on GPU": resident, "hf engine bf16 copy": 2 * n,
+                             "KV cache + sampling": kv, "CUDA context + allocator slack": reserve_gib * GiB,
+                             "kv_tokens": int(kv // kv_tok), "concurrent_seqs": int(kv // kv_tok // seq)}
+        return out
     for mode, resident in (("offload", 0), ("resident", (4 + adam_bytes) * n)):
         free = gpu_gib * GiB - reserve_gib * GiB - resident
         util = min(MAX_VLLM_UTIL, math.floor(100 * free / (gpu_gib * GiB)) / 100)
@@ -103,7 +142,12 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=str(default_cfg))
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="H100 SXM/PCIe 80 GB: 79.6 GiB usable; use 80")
     ap.add_argument("--prompt-len", type=int, default=1024)
-    ap.add_argument("--logit-chunk", type=int, default=1024)
+    ap.add_argument("--logit-chunk", type=int, default=0,
+                    help="response tokens per LM-head chunk (0 = the trainer's automatic size)")
+    ap.add_argument("--unchunked", action="store_true",
+                    help="the whole response's logits at once (the trainer before chunking)")
+    ap.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    ap.add_argument("--responses", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--adam-bytes", type=int, default=8, help="8 = fp32 m,v; 2 = 8-bit AdamW")
     ap.add_argument("--reserve-gib", type=float, default=2.0, help="CUDA context + allocator fragmentation")
     ap.add_argument("--vllm-sleep-residual-gib", type=float, default=1.0)
@@ -118,15 +162,26 @@ def main(argv=None) -> int:
     print(f"KV cache per token (bf16): {kv_bytes_per_token(c) / 1024:.0f} KiB")
     lost_bf16, lost_fp32 = bf16_loses_small_updates()
     print(f"0.02 + 1e-6 rounds back to 0.02: bf16 {lost_bf16}, fp32 {lost_fp32}  -> fp32 master weights")
-    for resp in (2048, 4096, 8192):
+    chunk = args.logit_chunk or auto_logit_chunk(c)
+    print("ESTIMATES (analytic, not measured); LM head " + ("unchunked (the whole response)" if
+          args.unchunked else f"in chunks of {chunk} response tokens") + f"; engine {args.engine}")
+    for resp in args.responses:
         b = budget(c, args.gpu_gib, args.prompt_len, resp, args.logit_chunk, args.adam_bytes,
-                   args.reserve_gib, args.vllm_sleep_residual_gib, args.vllm_act_gib)
+                   args.reserve_gib, args.vllm_sleep_residual_gib, args.vllm_act_gib,
+                   args.engine, args.unchunked)
         print(f"\n=== response {resp} tokens (sequence {b['seq']}), GPU {args.gpu_gib:.0f} GiB ===")
-        print("training phase (vLLM asleep):")
+        print(f"training phase ({'vLLM' if args.engine == 'vllm' else 'hf engine'} asleep):")
         for k, v in b["train"].items():
             print(f"  {k:<46} {v / GiB:7.2f} GiB")
-        print(f"  {'TOTAL':<46} {b['train_total'] / GiB:7.2f} GiB  "
-              f"({'fits' if b['train_total'] <= args.gpu_gib * GiB else 'DOES NOT FIT'})")
+        print(f"  {'TOTAL (estimate)':<46} {b['train_total'] / GiB:7.2f} GiB  "
+              f"({'fits' if b['train_total'] <= args.gpu_gib * GiB else 'DOES NOT FIT'}, by the estimate)")
+        if args.engine == "hf":
+            r = b["rollout_hf"]
+            print("rollout phase (hf engine):")
+            for k in ("trainer state on GPU", "hf engine bf16 copy", "KV cache + sampling"):
+                print(f"  {k:<46} {r[k] / GiB:7.2f} GiB")
+            print(f"  -> KV cache for {r['kv_tokens']:,} tokens = {r['concurrent_seqs']} concurrent sequences")
+            continue
         for mode in ("offload", "resident"):
             r = b[f"rollout_{mode}"]
             print(f"rollout phase, trainer state {'in CPU memory' if mode == 'offload' else 'on the GPU'}:")

@@ -1,10 +1,16 @@
-"""small_scale/gpu_bench.py: its FLOP / MFU arithmetic against hand-computed values, and its refusal
-to run without a GPU (the GPU measurements themselves need a CUDA machine)."""
+"""small_scale/gpu_bench.py and small_scale/bench_gpu_vs_trl.py: their arithmetic against
+hand-computed values, the configurations they hand to the trainers, and their refusal to run
+without a GPU (the GPU measurements themselves need a CUDA machine)."""
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+SMALL_SCALE = Path(__file__).resolve().parent.parent / "small_scale"
+sys.path.insert(0, str(SMALL_SCALE))  # the benchmarks import their shared helpers, bench_common
+import bench_common
 
 _spec = importlib.util.spec_from_file_location(
     "gpu_bench", Path(__file__).resolve().parent.parent / "small_scale" / "gpu_bench.py")
@@ -66,14 +72,86 @@ def test_refuses_without_a_gpu(capsys):
 
 def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
     """The flags the benchmark hands to rpg-train parse into the intended configuration: math task,
-    HF engine, 2K responses, fp32 master weights + bf16 autocast, checkpointing, no export/eval."""
+    HF engine with --hf-chunk auto, fp32 master weights + bf16 autocast, checkpointing for 4B (not
+    for 0.6B), micro-batches by the model's token budget, no export/eval; the quick mode's
+    settings unless flags override."""
     cli = pytest.importorskip("rpg_ref.cli")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the flags, not this machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args = gb.argparse.Namespace(prompts=4, group=8, updates=2, steps=3, max_new_tokens=2048)
+    args = gb.argparse.Namespace(mode="quick", prompts=None, group=None, updates=None, steps=None,
+                                 max_new_tokens=1024)
+    gb.resolve_mode(args)
+    assert (args.prompts, args.group, args.updates, args.steps, args.max_new_tokens) == (4, 8, 2, 2, 1024)
     cfg = cli.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o"))
-    assert (cfg.task, cfg.engine, cfg.max_new_tokens, cfg.device) == ("math", "hf", 2048, "cuda")
-    assert (cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size, cfg.micro_batch_size) == (2, 1)
+    assert (cfg.task, cfg.engine, cfg.max_new_tokens, cfg.device) == ("math", "hf", 1024, "cuda")
+    assert cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size == 2
+    assert (cfg.micro_batch_size, cfg.micro_batch_tokens) == (0, gb.MICRO_BATCH_TOKENS["qwen3-4b"])
     o = cfg.task_options
     assert (o["dtype"], o["gradient_checkpointing"], o["export"], o["eval_n"]) == ("bf16-autocast", True, False, 0)
-    assert o["model"].endswith("models/qwen3-4b/config.json") and cfg.engine_options["chunk"] == 8
+    assert o["model"].endswith("models/qwen3-4b/config.json") and cfg.engine_options["chunk"] == "auto"
+    small = cli.parse_config(gb.train_argv("qwen3-0.6b", args, tmp_path / "s"))
+    assert not small.task_options["gradient_checkpointing"] and small.micro_batch_tokens == 16384
+    full = gb.argparse.Namespace(mode="full", prompts=None, group=None, updates=None, steps=None,
+                                 max_new_tokens=None)
+    gb.resolve_mode(full)
+    assert (full.steps, full.max_new_tokens) == (3, 2048)
+
+
+# ------------------------------------------------------------------------------------------
+# small_scale/bench_gpu_vs_trl.py and the helpers it shares with bench_trainer.py
+# ------------------------------------------------------------------------------------------
+_spec2 = importlib.util.spec_from_file_location("bench_gpu_vs_trl", SMALL_SCALE / "bench_gpu_vs_trl.py")
+vs = importlib.util.module_from_spec(_spec2)
+_spec2.loader.exec_module(vs)
+SETTINGS = {"model": "qwen3-0.6b", "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 256,
+            "steps": 4, "beta": 1e-4, "lr": 1e-6, "seed": 0}
+
+
+def test_rollout_cycles_sum_groups_of_optimizer_steps():
+    """Timestamps 0 (train begin), 1, 3, 6, 10, 15: optimizer steps of 1, 2, 3, 4, 5 s; rollouts
+    of 2 optimizer steps take 3 and 7 s (the unfinished fifth step is not a rollout)."""
+    assert bench_common.rollout_cycles([0, 1, 3, 6, 10, 15], 2) == [3, 7]
+    assert bench_common.rollout_cycles([0, 1, 3], 1) == [1, 2]
+    with pytest.raises(ValueError):
+        bench_common.rollout_cycles([0, 1], 0)
+
+
+def test_ratio_rows_and_headline_ratios_by_hand():
+    """Step times [2, 4, 3] (median 3) vs TRL's [9, 12] (median 10.5): 3.5x faster; 6 GiB vs 8 GiB
+    peak: 0.75 of TRL's memory."""
+    ours, trl = {"step_s": [2.0, 4.0, 3.0], "peak_gib": 6.0}, {"step_s": [9.0, 12.0], "peak_gib": 8.0}
+    r = vs.compare(ours, trl)
+    assert (r["speedup_vs_trl"], r["peak_memory_ratio"]) == (3.5, 0.75)
+    rows = bench_common.ratio_rows(ours, trl, [("step", "step_s", ".1f"), ("mem", "peak_gib", ".0f")])
+    assert rows[2:] == ["| step | 3.0 | 10.5 | 0.29 |", "| mem | 6 | 8 | 0.75 |"]
+
+
+def test_both_trainers_get_the_same_settings(tmp_path):
+    """rpg-train's flags parse into a valid configuration with the benchmark's batch, lengths,
+    optimizer steps, bf16 autocast and checkpointing; TRL's config has the same batch (per-device
+    batch x steps per generation = prompts x group), group, length, lr, bf16, checkpointing and a
+    reference model (beta > 0)."""
+    cli = pytest.importorskip("rpg_ref.cli")
+    cfg = cli.parse_config(vs.ours_argv(SETTINGS, tmp_path / "o", tmp_path / "m", tmp_path / "p.jsonl"))
+    assert (cfg.prompts_per_step, cfg.group_size, cfg.max_new_tokens, cfg.lr) == (4, 8, 256, 1e-6)
+    assert cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size == 2
+    assert (cfg.task_options["dtype"], cfg.task_options["gradient_checkpointing"]) == ("bf16-autocast", True)
+    t = vs.trl_config(SETTINGS, tmp_path / "t")
+    assert t["per_device_train_batch_size"] * t["steps_per_generation"] == 32
+    assert (t["num_generations"], t["max_completion_length"], t["learning_rate"]) == (8, 256, 1e-6)
+    assert t["bf16"] and t["gradient_checkpointing"] and t["beta"] > 0
+    assert t["max_steps"] == SETTINGS["steps"] * SETTINGS["updates"]
+
+
+@pytest.mark.parametrize("change,msg", [({"steps": 1}, "--steps >= 2"), ({"beta": 0.0}, "--beta > 0"),
+                                        ({"updates": 3}, "do not split")])
+def test_bad_settings_are_refused(change, msg):
+    assert msg in vs.check({**SETTINGS, **change}) and vs.check(SETTINGS) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only machine")
+def test_gpu_vs_trl_refuses_without_a_gpu(capsys, tmp_path):
+    assert vs.main(["--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA GPU is available" in err
+    assert not (tmp_path / "o").exists()

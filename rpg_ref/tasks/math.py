@@ -35,6 +35,7 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import socket
@@ -47,6 +48,7 @@ import torch
 from torch import nn
 
 from rpg_ref.interfaces import Prompt
+from rpg_ref.logprobs import LMParts, hf_lm_parts
 
 PROMPT_STYLES = ("answer", "boxed")
 SCORINGS = ("pm1", "binary")
@@ -115,28 +117,53 @@ class MathPolicy(nn.Module):
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
-    def forward(self, *args, **kwargs):
-        # a single forward pass keeps no KV cache (HF's default use_cache=True would allocate one)
-        if "past_key_values" not in kwargs:
-            kwargs.setdefault("use_cache", False)
+    @contextlib.contextmanager
+    def _compute(self):
+        """bf16 autocast when asked; checkpointed layers in training mode while gradients are on."""
         ckpt = self.grad_ckpt and torch.is_grad_enabled()
         for layer in self._ckpt_layers if ckpt else ():
             layer.training = True
         try:
             with self._autocast():
-                return self.module(*args, **kwargs)
+                yield
         finally:
             for layer in self._ckpt_layers if ckpt else ():
                 layer.training = False
+
+    def forward(self, *args, **kwargs):
+        # a single forward pass keeps no KV cache (HF's default use_cache=True would allocate one)
+        if "past_key_values" not in kwargs:
+            kwargs.setdefault("use_cache", False)
+        with self._compute():
+            return self.module(*args, **kwargs)
+
+    def lm_parts(self) -> LMParts | None:
+        """Hidden states and LM head of the wrapped model, each in this policy's precision and
+        checkpointing (rpg_ref.logprobs applies the head in chunks), or None if it has no plain head."""
+        parts = hf_lm_parts(self.module)
+        if parts is None:
+            return None
+
+        def hidden(**inputs):
+            with self._compute():
+                return parts.hidden(**inputs)
+
+        def head(h):
+            with self._autocast():
+                return parts.head(h)
+
+        return LMParts(hidden, head, parts.vocab_size)
 
     def generate(self, *args, **kwargs):
         with self._autocast():
             return self.module.generate(*args, **kwargs)
 
 
-def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = "sdpa") -> nn.Module:
+def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = "sdpa",
+                  device: str | torch.device = "cpu") -> nn.Module:
     """A causal LM from a checkpoint folder / hub id (pretrained), or from a config.json file or a
-    folder holding a config.json but no weights (random initialization from torch's global RNG)."""
+    folder holding a config.json but no weights (random initialization from torch's global RNG,
+    on ``device``: a 4B model initializes in seconds on a GPU, in a minute on a CPU)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
@@ -150,8 +177,9 @@ def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = 
             mcfg = AutoConfig.for_model(d.pop("model_type"), **d)
         except (json.JSONDecodeError, KeyError, ValueError) as e:
             raise ValueError(f"--math-model {spec!r}: not a usable model config.json ({e})") from e
-        return AutoModelForCausalLM.from_config(mcfg, dtype=torch_dtype,
-                                                attn_implementation=attn_implementation)
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(mcfg, dtype=torch_dtype,
+                                                    attn_implementation=attn_implementation)
     try:
         return AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype,
                                                     attn_implementation=attn_implementation)
@@ -357,7 +385,7 @@ class MathTask:
     # --- Task protocol -------------------------------------------------------------------------
     def build_policy(self) -> nn.Module:
         o = self.opt
-        model = load_hf_model(o.model, o.dtype, o.attn_implementation)
+        model = load_hf_model(o.model, o.dtype, o.attn_implementation, self.device)
         n_vocab = model.get_input_embeddings().weight.shape[0]
         if len(self.tokenizer) > n_vocab:
             raise ValueError(f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
