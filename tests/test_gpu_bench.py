@@ -126,12 +126,14 @@ def test_ratio_rows_and_headline_ratios_by_hand():
     assert rows[2:] == ["| step | 3.0 | 10.5 | 0.29 |", "| mem | 6 | 8 | 0.75 |"]
 
 
-def test_both_trainers_get_the_same_settings(tmp_path):
+def test_both_trainers_get_the_same_settings(tmp_path, monkeypatch):
     """rpg-train's flags parse into a valid configuration with the benchmark's batch, lengths,
     optimizer steps, bf16 autocast and checkpointing; TRL's config has the same batch (per-device
     batch x steps per generation = prompts x group), group, length, lr, bf16, checkpointing and a
     reference model (beta > 0)."""
     cli = pytest.importorskip("rpg_ref.cli")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the flags, not this machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = cli.parse_config(vs.ours_argv(SETTINGS, tmp_path / "o", tmp_path / "m", tmp_path / "p.jsonl"))
     assert (cfg.prompts_per_step, cfg.group_size, cfg.max_new_tokens, cfg.lr) == (4, 8, 256, 1e-6)
     assert cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size == 2
