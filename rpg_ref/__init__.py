@@ -1,7 +1,8 @@
 """rpg-ref: reference implementation of the RPG paper's KL-regularized policy-gradient losses.
 
-Modules: ``rpg_ref.kl`` (k1/k2/k3 and exact KL/UKL), ``rpg_ref.losses`` (every surrogate loss,
-registry ``LOSSES``), ``rpg_ref.advantages`` (baselines), ``rpg_ref.train`` (the trainer).
+Modules: ``rpg_ref.kl`` (k1/k2/k3 and exact KL/UKL), ``rpg_ref.losses`` (every surrogate loss as
+the paper writes it, registry ``LOSSES``; ``rpg_ref.losses_fused``: their closed-form fast path),
+``rpg_ref.advantages`` (baselines), ``rpg_ref.train`` (the trainer).
 """
 
 __version__ = "0.1.0"

@@ -148,7 +148,7 @@ class Units:
     w: Tensor               # pi_theta / pi_old
     log_rho: Tensor         # log(pi_theta / pi_ref)
     rho: Tensor
-    u: Tensor | float       # pi_ref / pi_old, constant (1.0 when pi_ref = pi_old)
+    u: Tensor               # pi_ref / pi_old, constant (ones when pi_ref = pi_old)
     A: Tensor               # advantages, constant: [B, 1] or [B, T]
 
 
@@ -283,7 +283,7 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
     log_w = clamped(unit(lp - old))
     log_rho = log_w if ref is None else clamped(unit(lp - ref))
     x = Units(logp=unit(lp), w=log_w.exp(), log_rho=log_rho, rho=log_rho.exp(),
-              u=1.0 if ref is None else clamped(unit(ref - old)).exp(),
+              u=torch.ones_like(log_w) if ref is None else clamped(unit(ref - old)).exp(),
               A=adv[:, None] if adv.dim() == 1 else adv)
     out, kl = formula(x, beta, bounds)
 
@@ -350,7 +350,7 @@ def rpg_urkl(x: Units, beta: float, bounds):
 def rpg_reinforce_fkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, forward KL (prop:offpolicy_reinforce_loss_fkl:
     -E_old[SG(w R + beta) log pi_theta])."""
-    c_kl = beta * x.w / x.rho                                               # w A' = w A + beta u
+    c_kl = beta * x.u                                                       # w A' = w A + beta u
     return reinforce(x, c_kl, bounds), -x.u * x.log_rho
 
 
@@ -368,7 +368,7 @@ def rpg_reinforce_rkl(x: Units, beta: float, bounds):
 def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, unnormalized forward KL (prop:offpolicy_reinforce_loss_ufkl;
     tab:off-policy-loss-reinforce, row Forward (UFKL): -E[SG(Z_old (w R - beta (w - 1))) log pi])."""
-    c_kl = -beta * x.w * (1 - 1 / x.rho)                                    # w A' = w A - beta (w - u)
+    c_kl = -beta * (x.w - x.u)                                              # w A' = w A - beta (w - u)
     return reinforce(x, c_kl, bounds), x.w - x.u - x.u * x.log_rho
 
 

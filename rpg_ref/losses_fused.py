@@ -19,6 +19,8 @@ rpg_ref.losses), the kernel needs three pieces of the KL estimate d(x) of the lo
     kl_estimate        d                    the KL part of the loss (E_old[d] = D for every theta)
     kl_score           h = (d d / d log pi_theta) / w   (gradient weight w (A - beta h))
     kl_per_ratio       g = d / w and g' = dg / d lr      (A_hat = A - beta g, clipped gradients)
+They take u_w = u / w, which is 1/rho, but stays the exact derivative of the reference's d when
+the log-ratios are clamped (then u / w and 1/rho differ).
 """
 
 from __future__ import annotations
@@ -56,25 +58,25 @@ def kl_estimate(div: str, w: Tensor, lr: Tensor, u) -> Tensor:
     return u - w + w * lr                               # w k3(1/rho)    (urkl)
 
 
-def kl_score(div: str, lr: Tensor, inv_rho: Tensor) -> Tensor:
+def kl_score(div: str, lr: Tensor, u_w: Tensor) -> Tensor:
     if div == "fkl":
-        return -inv_rho                                 # -1/rho
+        return -u_w                                     # -1/rho
     if div == "rkl":
         return lr + 1.0                                 # log rho + 1
     if div == "ufkl":
-        return 1.0 - inv_rho                            # 1 - 1/rho
+        return 1.0 - u_w                                # 1 - 1/rho
     return lr                                           # log rho        (urkl)
 
 
-def kl_per_ratio(div: str, lr: Tensor, inv_rho: Tensor) -> tuple[Tensor, Tensor]:
+def kl_per_ratio(div: str, lr: Tensor, u_w: Tensor) -> tuple[Tensor, Tensor]:
     """(g, g') with g = d / w, a function of rho alone."""
     if div == "fkl":
-        return -lr * inv_rho, (lr - 1.0) * inv_rho      # -log rho / rho
+        return -lr * u_w, (lr - 1.0) * u_w              # -log rho / rho
     if div == "rkl":
         return lr, 1.0                                  # log rho
     if div == "ufkl":
-        return 1.0 - (1.0 + lr) * inv_rho, lr * inv_rho  # 1 - (1 + log rho) / rho
-    return inv_rho - 1.0 + lr, 1.0 - inv_rho            # k3(1/rho)      (urkl)
+        return 1.0 - (1.0 + lr) * u_w, lr * u_w          # 1 - (1 + log rho) / rho
+    return u_w - 1.0 + lr, 1.0 - u_w                    # k3(1/rho)      (urkl)
 
 
 def _sum(x: Tensor) -> Tensor:
@@ -184,18 +186,18 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
                  (1.0 / (n_tok * B))[:, None] if agg == "seq-mean-token-mean" else unit_w)
 
     w = torch.exp(lw)                                                       # [B, T|1]
-    inv_rho = torch.reciprocal(w) if ref is None else torch.exp(-lr)        # 1/rho
     u = 1.0 if lu is None else torch.exp(lu)                                # u = w / rho
+    u_w = torch.reciprocal(w) if lu is None else u / w                      # u / w = 1/rho
     low = high = dual = None
 
     if family == "rpg":                                                     # fully differentiable
         kl_u = kl_estimate(div, w, lr, u)
-        grad = -w * (adv - beta * kl_score(div, lr, inv_rho))               # d(-w A + beta d)/d log pi
+        grad = -w * (adv - beta * kl_score(div, lr, u_w))                   # d(-w A + beta d)/d log pi
         if bounds is None:
             value = -w * adv + beta * kl_u
         else:                                                               # alg:offpolicy_rpg_ppo_dualclip
             lo, hi, c = bounds
-            g, g_prime = kl_per_ratio(div, lr, inv_rho)
+            g, g_prime = kl_per_ratio(div, lr, u_w)
             a_hat = adv - beta * g                                          # -w a_hat = -w A + beta d
             cw = w.clamp(lo, hi)
             t1, t2 = -w * a_hat, -cw * a_hat
@@ -210,7 +212,7 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
                 grad = torch.where(dual, beta * c * g_prime, grad)
 
     elif family == "rpg-reinforce":                                         # stop-gradient weights
-        c_kl = -beta * w * kl_score(div, lr, inv_rho)                       # KL part of the weight
+        c_kl = -beta * w * kl_score(div, lr, u_w)                           # KL part of the weight
         weight = w * adv + c_kl                                             # w A'
         kl_u = kl_estimate(div, w, lr, u)
         if bounds is None:
@@ -242,6 +244,7 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
             value = torch.where(dual, -c * adv, value)
             grad = torch.where(dual, 0.0, grad)
         if div == "k3":                                                     # grpo as published
+            inv_rho = u_w if ref is None else torch.exp(-lr)                # 1/rho
             kl_u = inv_rho - 1.0 + lr                                       # k3(pi_ref/pi_theta), no weight
             value = value + beta * kl_u
             grad = grad + beta * (1.0 - inv_rho)
