@@ -187,7 +187,8 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
 
     w = torch.exp(lw)                                                       # [B, T|1]
     u = 1.0 if lu is None else torch.exp(lu)                                # u = w / rho
-    u_w = torch.reciprocal(w) if lu is None else u / w                      # u / w = 1/rho
+    if family != "ppo":
+        u_w = torch.reciprocal(w) if lu is None else u / w                  # u / w = 1/rho
     low = high = dual = None
 
     if family == "rpg":                                                     # fully differentiable
@@ -244,7 +245,7 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
             value = torch.where(dual, -c * adv, value)
             grad = torch.where(dual, 0.0, grad)
         if div == "k3":                                                     # grpo as published
-            inv_rho = u_w if ref is None else torch.exp(-lr)                # 1/rho
+            inv_rho = torch.reciprocal(w) if ref is None else torch.exp(-lr)   # 1/rho
             kl_u = inv_rho - 1.0 + lr                                       # k3(pi_ref/pi_theta), no weight
             value = value + beta * kl_u
             grad = grad + beta * (1.0 - inv_rho)
