@@ -82,13 +82,15 @@ def parse_clip(values) -> tuple[float, float, float | None] | None:
     if values is None:
         return None
     if not isinstance(values, (tuple, list)) or len(values) not in (2, 3):
-        raise ValueError(f"clip must be (eps_low, eps_high) or (eps_low, eps_high, c), got {values!r}")
+        raise ValueError(f"clip must be (eps_low, eps_high) or (eps_low, eps_high, c), "
+                         f"got {values!r}")
 
     def number(what, v):
         try:
             return math.inf if what == "c" and v is None else float(v)
         except (TypeError, ValueError):
-            raise ValueError(f"clip {what} must be a number ('inf' allowed for c), got {v!r}") from None
+            raise ValueError(f"clip {what} must be a number ('inf' allowed for c), "
+                             f"got {v!r}") from None
 
     eps_low, eps_high = number("eps_low", values[0]), number("eps_high", values[1])
     c = number("c", values[2]) if len(values) == 3 else math.inf
@@ -113,7 +115,8 @@ def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str 
         raise ValueError(f"{name} has no KL term; got beta={beta}: use beta=0")
     if beta != 0 and spec.kl_in_reward:
         raise ValueError(f"{name} puts its k1 KL penalty into the reward: pass beta to "
-                         f"rpg_ref.advantages.reinforce_pp and call the loss with beta=0; got beta={beta}")
+                         f"rpg_ref.advantages.reinforce_pp and call the loss with beta=0; "
+                         f"got beta={beta}")
     parse_clip(clip)
     if no_clip and clip is not None:
         raise ValueError(f"clip {clip} and no_clip together: give one of them")
@@ -277,8 +280,8 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
     def unit(t):                                                            # a token, or a response
         return t if level == "token" else (t * m).sum(1, keepdim=True)
 
-    def clamped(t):                                                         # the value at the clamp,
-        return t + (t.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) - t).detach()  # t's gradient
+    def clamped(t):                                     # the value at the clamp, t's gradient
+        return t + (t.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) - t).detach()
 
     log_w = clamped(unit(lp - old))
     log_rho = log_w if ref is None else clamped(unit(lp - ref))
@@ -291,7 +294,7 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
     loss = (rows.sum() / n.sum() if agg == "token-mean" else
             (rows / n).mean() if agg == "seq-mean-token-mean" else rows.mean())
 
-    def mean(t):                                        # over units; a branch that does not exist: 0
+    def mean(t):                                        # over units; a missing clip branch: 0
         t = torch.zeros_like(log_w) if t is None else t.detach().to(dt)
         return (t * m).sum() / n.sum() if level == "token" else t.mean()
 
@@ -308,19 +311,23 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
 @register_loss("rpg-fkl", family="rpg", divergence="fkl", advantage="group-mean",
                paper="prop:policy_gradient_forward_kl")
 def rpg_fkl(x: Units, beta: float, bounds):
-    """Fully differentiable RPG loss, forward KL(pi_ref || pi_theta) (prop:policy_gradient_forward_kl;
-    tab:off-policy-loss-normalized, row Forward KL: E_old[-w R - beta log pi_theta])."""
-    kl = -x.u * x.log_rho                                                   # d = -u log rho
-    return fully_differentiable(x, -x.w * x.A + beta * kl, bounds), kl     # L = -w A - beta u log rho
+    """Fully differentiable RPG loss, forward KL(pi_ref || pi_theta)
+    (prop:policy_gradient_forward_kl; tab:off-policy-loss-normalized, row Forward KL:
+    E_old[-w R - beta log pi_theta])."""
+    kl = -x.u * x.log_rho                                   # d = -u log rho
+    loss = -x.w * x.A + beta * kl                           # L = -w A - beta u log rho
+    return fully_differentiable(x, loss, bounds), kl
 
 
 @register_loss("rpg-rkl", family="rpg", divergence="rkl", advantage="group-mean",
                paper="prop:policy_gradient_reverse_kl")
 def rpg_rkl(x: Units, beta: float, bounds):
-    """Fully differentiable RPG loss, reverse KL(pi_theta || pi_ref) (prop:policy_gradient_reverse_kl;
-    tab:off-policy-loss-normalized, row Reverse KL: E_old[w (-R + beta log w)])."""
-    kl = x.w * x.log_rho                                                    # d = w log rho
-    return fully_differentiable(x, -x.w * x.A + beta * kl, bounds), kl     # L = -w A + beta w log rho
+    """Fully differentiable RPG loss, reverse KL(pi_theta || pi_ref)
+    (prop:policy_gradient_reverse_kl; tab:off-policy-loss-normalized, row Reverse KL:
+    E_old[w (-R + beta log w)])."""
+    kl = x.w * x.log_rho                                    # d = w log rho
+    loss = -x.w * x.A + beta * kl                           # L = -w A + beta w log rho
+    return fully_differentiable(x, loss, bounds), kl
 
 
 @register_loss("rpg-ufkl", family="rpg", divergence="ufkl", advantage="group-mean",
@@ -329,8 +336,9 @@ def rpg_ufkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized forward KL UKL(pi_ref || pi_theta)
     (prop:policy_gradient_unormalized_forward_kl; tab:off-policy-loss, row Forward (UFKL):
     Z_old E[-w R + beta (w - log w - 1)])."""
-    kl = x.w - x.u - x.u * x.log_rho                                        # d = u k3(rho), u rho = w
-    return fully_differentiable(x, -x.w * x.A + beta * kl, bounds), kl     # L = -w A + beta u k3(rho)
+    kl = x.w - x.u - x.u * x.log_rho                        # d = u k3(rho), u rho = w
+    loss = -x.w * x.A + beta * kl                           # L = -w A + beta (w - u - u log rho)
+    return fully_differentiable(x, loss, bounds), kl
 
 
 @register_loss("rpg-urkl", family="rpg", divergence="urkl", advantage="group-mean",
@@ -339,8 +347,9 @@ def rpg_urkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized reverse KL UKL(pi_theta || pi_ref)
     (prop:policy_gradient_unormalized_reverse_kl; tab:off-policy-loss, row Reverse (URKL):
     Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a constant)."""
-    kl = x.u - x.w + x.w * x.log_rho                                        # d = w k3(1/rho)
-    return fully_differentiable(x, -x.w * x.A + beta * kl, bounds), kl     # L = -w A + beta w k3(1/rho)
+    kl = x.u - x.w + x.w * x.log_rho                        # d = w k3(1/rho), w / rho = u
+    loss = -x.w * x.A + beta * kl                           # L = -w A + beta (u - w + w log rho)
+    return fully_differentiable(x, loss, bounds), kl
 
 
 # --- REINFORCE-style family: L = -SG(w A + C_KL) log pi_theta; stats["kl"]: the d above ---
@@ -350,7 +359,7 @@ def rpg_urkl(x: Units, beta: float, bounds):
 def rpg_reinforce_fkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, forward KL (prop:offpolicy_reinforce_loss_fkl:
     -E_old[SG(w R + beta) log pi_theta])."""
-    c_kl = beta * x.u                                                       # w A' = w A + beta u
+    c_kl = beta * x.u                                       # w A' = w A + beta u
     return reinforce(x, c_kl, bounds), -x.u * x.log_rho
 
 
@@ -359,7 +368,7 @@ def rpg_reinforce_fkl(x: Units, beta: float, bounds):
 def rpg_reinforce_rkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, reverse KL (prop:offpolicy_reinforce_loss_rkl,
     eq:loss_rkl_offpolicy_reinforce: -E_old[SG(w (R - beta log w - beta)) log pi_theta])."""
-    c_kl = -beta * x.w * (x.log_rho + 1)                                    # w (A - beta (log rho + 1))
+    c_kl = -beta * x.w * (x.log_rho + 1)                    # w A' = w (A - beta (log rho + 1))
     return reinforce(x, c_kl, bounds), x.w * x.log_rho
 
 
@@ -367,8 +376,9 @@ def rpg_reinforce_rkl(x: Units, beta: float, bounds):
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_ufkl")
 def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, unnormalized forward KL (prop:offpolicy_reinforce_loss_ufkl;
-    tab:off-policy-loss-reinforce, row Forward (UFKL): -E[SG(Z_old (w R - beta (w - 1))) log pi])."""
-    c_kl = -beta * (x.w - x.u)                                              # w A' = w A - beta (w - u)
+    tab:off-policy-loss-reinforce, row Forward (UFKL):
+    -E[SG(Z_old (w R - beta (w - 1))) log pi_theta])."""
+    c_kl = -beta * (x.w - x.u)                              # w A' = w A - beta (w - u)
     return reinforce(x, c_kl, bounds), x.w - x.u - x.u * x.log_rho
 
 
@@ -376,8 +386,9 @@ def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_urkl")
 def rpg_reinforce_urkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, unnormalized reverse KL (prop:offpolicy_reinforce_loss_urkl;
-    tab:off-policy-loss-reinforce, row Reverse (URKL): -E[SG(Z_old w (R - beta log w)) log pi])."""
-    c_kl = -beta * x.w * x.log_rho                                          # w A' = w (A - beta log rho)
+    tab:off-policy-loss-reinforce, row Reverse (URKL):
+    -E[SG(Z_old w (R - beta log w)) log pi_theta])."""
+    c_kl = -beta * x.w * x.log_rho                          # w A' = w (A - beta log rho)
     return reinforce(x, c_kl, bounds), x.u - x.w + x.w * x.log_rho
 
 
@@ -388,9 +399,9 @@ def rpg_reinforce_urkl(x: Units, beta: float, bounds):
 def grpo(x: Units, beta: float, bounds):
     """GRPO as published (subsec:grpo_main, J_GRPO): PPO clip on A plus beta k3(pi_ref/pi_theta)
     per token, no importance weight. Its expected gradient is not grad UKL off-policy."""
-    kl = 1 / x.rho - 1 + x.log_rho                                          # k3(pi_ref / pi_theta)
+    kl = 1 / x.rho - 1 + x.log_rho                          # k3(pi_ref / pi_theta)
     out = dual_clip(x.w, x.A, bounds)
-    return out._replace(loss=out.loss + beta * kl), kl                      # clip term + beta k3
+    return out._replace(loss=out.loss + beta * kl), kl      # clip term + beta k3
 
 
 @register_loss("grpo-corrected", family="baseline", divergence="urkl", advantage="group-mean-std",
@@ -398,9 +409,9 @@ def grpo(x: Units, beta: float, bounds):
 def grpo_corrected(x: Units, beta: float, bounds):
     """GRPO with the paper's corrected KL term (subsec:grpo_main, KL_GRPO-corrected): PPO clip on A
     plus beta w k3(pi_ref/pi_theta), unbiased for UKL(pi_theta || pi_ref) for every theta."""
-    kl = x.u - x.w + x.w * x.log_rho                                        # w k3(pi_ref / pi_theta)
+    kl = x.u - x.w + x.w * x.log_rho                        # w k3(pi_ref / pi_theta)
     out = dual_clip(x.w, x.A, bounds)
-    return out._replace(loss=out.loss + beta * kl), kl                      # clip term + beta w k3
+    return out._replace(loss=out.loss + beta * kl), kl      # clip term + beta w k3
 
 
 @register_loss("reinforce++-baseline", family="baseline", advantage="reinforce++-baseline",
@@ -410,9 +421,9 @@ def grpo_corrected(x: Units, beta: float, bounds):
 @register_loss("dapo", family="baseline", advantage="group-mean-std", has_kl=False,
                default_clip=(0.2, 0.28, None), paper="")
 def ppo_clip(x: Units, beta: float, bounds):
-    """PPO clip on A with no KL term in the loss (beta must be 0). dapo (Yu et al. 2025): clip-higher
-    (default eps (0.2, 0.28)), no KL anywhere. reinforce++ (Hu et al. 2025, arXiv:2501.03262): token
-    advantages from rpg_ref.advantages.reinforce_pp (k1 KL to pi_ref in the reward, return to go,
-    batch whitening; reinforce++-baseline subtracts the group-mean reward first). stats["kl"]
-    reports the UKL(pi_theta || pi_ref) estimate w k3(1/rho)."""
+    """PPO clip on A with no KL term in the loss (beta must be 0). dapo (Yu et al. 2025):
+    clip-higher (default eps (0.2, 0.28)), no KL anywhere. reinforce++ (Hu et al. 2025,
+    arXiv:2501.03262): token advantages from rpg_ref.advantages.reinforce_pp (k1 KL to pi_ref in
+    the reward, return to go, batch whitening; reinforce++-baseline subtracts the group-mean
+    reward first). stats["kl"] reports the UKL(pi_theta || pi_ref) estimate w k3(1/rho)."""
     return dual_clip(x.w, x.A, bounds), x.u - x.w + x.w * x.log_rho

@@ -4,9 +4,10 @@ rpg_ref/losses.py is the specification: each loss written as the paper writes it
 differentiated by autograd (``impl="reference"``). ``LOSSES[name](...)`` runs this module instead
 (the default, ``impl="fused"``): one function, ``loss_kernel``, computes the loss value, its
 derivative with respect to log pi_theta from the hand-derived formulas below, every statistic and
-the data checks, with no autograd graph. The input checks both paths share live here too. It answers to the reference: tests/test_losses_reference.py
+the data checks, with no autograd graph. It answers to the reference: tests/test_losses_reference.py
 compares values, gradients and statistics to 1e-12 (float64) for every loss, clip setting,
 reference setting, level and aggregation. Only first derivatives exist (a double backward raises).
+The input checks both paths share (check_tensors, data_checks, refuse_bad_data) live here too.
 
 Inputs with at least FUSE_MIN_NUMEL entries run the kernel fused by torch.compile (the same Python
 function traced, not a second implementation; sizes dynamic, a few seconds to compile each setting

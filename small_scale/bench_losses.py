@@ -1,17 +1,17 @@
 """Forward + backward time of every loss vs a plain PPO-clip floor, measured in the same run.
 
-    python small_scale/bench_losses.py [--B 256 --T 2048 --repeats 15 --threads N --modes ...]
+    python small_scale/bench_losses.py [--B 256 --T 2048 --repeats 25 --threads N --modes ...]
 
 The floor (``ppo_clip_floor`` below) is the least any clipped token loss pays: one exp, a clamp,
 a min, a masked mean, written as people usually write it (eager PyTorch, autograd). Each loss is
 timed with its clipping on (the setting people train with), its input checks and all its
 statistics, in three modes:
-  fused      the default at this size (RPG_REF_COMPILE=auto, forced here with =1): the kernel of
-             rpg_ref.losses_fused traced and fused by torch.compile (its first call compiles, untimed)
+  fused      the default at this size (RPG_REF_COMPILE=auto, forced here with =1): the kernel
+             of rpg_ref.losses_fused fused by torch.compile (its first call compiles, untimed)
   eager      RPG_REF_COMPILE=0: the same kernel run op by op, gradients in closed form
   reference  impl="reference": the formulas of rpg_ref.losses differentiated by autograd
-The printed ratio is median(loss) / median(floor); the floor is re-measured around every loss
-so drift on a shared machine cancels out.
+The printed ratio is median(loss) / median(floor), the two timed in alternation call by call so
+that load on a shared machine hits both alike.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ def ppo_clip_floor(logp, old_logp, advantages, mask, eps_low: float = 0.2, eps_h
     return (per_tok * mask).sum() / mask.sum()
 
 
-def _time(fn, repeats: int) -> float:
-    fn()                                                     # warm-up
-    out = []
+def _time_pair(fn, floor, repeats: int) -> tuple[float, float]:
+    """Median seconds of fn() and of floor(), calls alternated (after one warm-up call each)."""
+    fn()
+    floor()
+    times = ([], [])
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+        for out, f in zip(times, (fn, floor)):
+            t0 = time.perf_counter()
+            f()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 MODES = ("fused", "eager", "reference")
@@ -51,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--B", type=int, default=256)
     ap.add_argument("--T", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = ap.parse_args()
@@ -86,10 +89,7 @@ def main() -> None:
                 logp.grad = None
 
             run()                                                # compiles in fused mode
-            t_floor = _time(floor, args.repeats)
-            t_loss = _time(run, args.repeats)
-            t_floor = (t_floor + _time(floor, args.repeats)) / 2
-            rows.append((mode, name, t_loss, t_floor))
+            rows.append((mode, name, *_time_pair(run, floor, args.repeats)))
 
     print(f"B={B} T={T} float32 CPU, threads={torch.get_num_threads()}, torch {torch.__version__}")
     print(f"{'mode':9s} {'loss':24s} {'ms':>8s} {'floor ms':>9s} {'ratio':>6s}")
@@ -98,9 +98,11 @@ def main() -> None:
     ratio = {(md, name): t / f for md, name, t, f in rows}
     for mode in args.modes:
         worst = max(r for (md, _), r in ratio.items() if md == mode)
-        print(f"{mode}: worst ratio {worst:.2f}" + ("" if mode == "reference" else " (target <= 1.30)"))
+        target = "" if mode == "reference" else " (target <= 1.30)"
+        print(f"{mode}: worst ratio {worst:.2f}{target}")
         if mode != "reference" and "reference" in args.modes:
-            slowest = max(r / ratio["reference", name] for (md, name), r in ratio.items() if md == mode)
+            slowest = max(r / ratio["reference", name]
+                          for (md, name), r in ratio.items() if md == mode)
             print(f"{mode} vs reference: at most {slowest:.2f}x the reference's time (every loss)")
 
 
