@@ -10,8 +10,8 @@ statistics, in three modes:
              of rpg_ref.losses_fused fused by torch.compile (its first call compiles, untimed)
   eager      RPG_REF_COMPILE=0: the same kernel run op by op, gradients in closed form
   reference  impl="reference": the formulas of rpg_ref.losses differentiated by autograd
-The printed ratio is median(loss) / median(floor), the two timed in alternation call by call so
-that load on a shared machine hits both alike.
+The printed ratio is median(loss) / median(floor); per loss, the floor and every mode are timed
+in turn, call by call, so that load on a shared machine hits them alike.
 """
 
 from __future__ import annotations
@@ -34,17 +34,18 @@ def ppo_clip_floor(logp, old_logp, advantages, mask, eps_low: float = 0.2, eps_h
     return (per_tok * mask).sum() / mask.sum()
 
 
-def _time_pair(fn, floor, repeats: int) -> tuple[float, float]:
-    """Median seconds of fn() and of floor(), calls alternated (after one warm-up call each)."""
-    fn()
-    floor()
-    times = ([], [])
+def _time_together(fns: list, repeats: int) -> list[float]:
+    """Median seconds of each fn, calls taken in turn (after one warm-up call each), so that load
+    on a shared machine hits every fn alike."""
+    for f in fns:
+        f()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        for out, f in zip(times, (fn, floor)):
+        for out, f in zip(times, fns):
             t0 = time.perf_counter()
             f()
             out.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return [statistics.median(t) for t in times]
 
 
 MODES = ("fused", "eager", "reference")
@@ -73,23 +74,25 @@ def main() -> None:
         ppo_clip_floor(logp, old, adv, mask.float(), 0.2, 0.28).backward()
         logp.grad = None
 
-    rows = []
-    for mode in args.modes:
-        os.environ["RPG_REF_COMPILE"] = "1" if mode == "fused" else "0"
+    def timed(name: str, mode: str):
+        beta = L.loss_beta(name, L.default_beta(name, 1e-3))
+        clip = None if L.SPECS[name].always_clips else (0.2, 0.28, 10.0)
         impl = "reference" if mode == "reference" else "fused"
-        for name in sorted(L.LOSSES):
-            beta = L.loss_beta(name, L.default_beta(name, 1e-3))
-            clip = None if L.SPECS[name].always_clips else (0.2, 0.28, 10.0)
 
-            fn = L.get_loss(name)
+        def run():
+            os.environ["RPG_REF_COMPILE"] = "1" if mode == "fused" else "0"
+            loss, _ = L.get_loss(name)(logp, old, adv, mask, beta=beta, ref_logp=ref, clip=clip,
+                                       impl=impl)
+            loss.backward()
+            logp.grad = None
+        return run
 
-            def run(fn=fn, beta=beta, clip=clip, impl=impl):
-                loss, _ = fn(logp, old, adv, mask, beta=beta, ref_logp=ref, clip=clip, impl=impl)
-                loss.backward()
-                logp.grad = None
-
-            run()                                                # compiles in fused mode
-            rows.append((mode, name, *_time_pair(run, floor, args.repeats)))
+    rows = []
+    for name in sorted(L.LOSSES):                      # per loss: floor and every mode in turn
+        t_floor, *t_modes = _time_together([floor] + [timed(name, m) for m in args.modes],
+                                           args.repeats)
+        rows += [(mode, name, t, t_floor) for mode, t in zip(args.modes, t_modes)]
+    rows.sort(key=lambda r: args.modes.index(r[0]))
 
     print(f"B={B} T={T} float32 CPU, threads={torch.get_num_threads()}, torch {torch.__version__}")
     print(f"{'mode':9s} {'loss':24s} {'ms':>8s} {'floor ms':>9s} {'ratio':>6s}")
