@@ -16,10 +16,10 @@ The std is the population std (divide by G), as in DeepSeekMath's GRPO descripti
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from rpg_ref.losses import check_beta
 
 __all__ = [
     "ADVANTAGES",
@@ -93,8 +93,7 @@ def reinforce_pp(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: Tens
         raise ValueError(f"mask must be [N, T] with N = len(rewards) = {rewards.shape[0]}, got {tuple(mask.shape)}")
     if old_logp.shape != mask.shape or (ref_logp is not None and ref_logp.shape != mask.shape):
         raise ValueError("old_logp and ref_logp must have the mask's shape [N, T]")
-    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    check_beta(beta)
     r = group_mean(rewards, group_size) if group_size is not None else _groups(rewards, 1).reshape(-1)
     m = mask.to(old_logp.dtype)                                  # [N, T]
     n_tok = m.sum(1)

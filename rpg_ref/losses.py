@@ -37,7 +37,7 @@ from torch import Tensor
 from rpg_ref import losses_fused
 
 __all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossSpec", "UnitLoss",
-           "Units", "check_options", "default_beta", "dual_clip", "get_loss", "loss_beta",
+           "Units", "check_beta", "check_options", "default_beta", "dual_clip", "get_loss", "loss_beta",
            "parse_clip", "register_loss", "rpg_style_clip"]
 
 LOG_RATIO_CLAMP = 40.0  # e^40 ~ 2.4e17; products of two such ratios stay finite in float32
@@ -104,13 +104,18 @@ def parse_clip(values) -> tuple[float, float, float | None] | None:
     return eps_low, eps_high, None if c == math.inf else c
 
 
+def check_beta(beta) -> None:
+    """A KL coefficient is a finite number >= 0 (for the losses and for the KL in the reward)."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (
+            math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+
+
 def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
                   no_clip: bool = False) -> None:
     """Refuse bad options of the loss ``name``: a one-line ValueError for the first violation."""
     spec = get_loss(name).spec
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (
-            math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    check_beta(beta)
     if beta != 0 and not spec.has_kl:
         raise ValueError(f"{name} has no KL term; got beta={beta}: use beta=0")
     if beta != 0 and spec.kl_in_reward:
@@ -132,8 +137,9 @@ def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str 
 
 
 def loss_beta(name: str, beta: float) -> float:
-    """The beta the loss itself receives: 0 where the KL lives in the reward (reinforce++: beta
-    goes to rpg_ref.advantages.reinforce_pp), else beta."""
+    """The beta the loss itself receives: 0 where the KL lives in the reward (reinforce++: beta,
+    checked here, goes to rpg_ref.advantages.reinforce_pp), else beta."""
+    check_beta(beta)
     return 0.0 if get_loss(name).spec.kl_in_reward else beta
 
 

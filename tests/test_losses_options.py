@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import rpg_ref.losses as L
+from rpg_ref.advantages import reinforce_pp
 
 RPG = [n for n in L.LOSSES if L.SPECS[n].family != "baseline"]
 PPO = [n for n in L.LOSSES if L.SPECS[n].family == "baseline"]
@@ -145,11 +146,21 @@ def test_losses_call_check_options(impl):
 
 
 def test_loss_beta():
-    """The loss's own beta: 0 where the KL lives in the reward (reinforce++), else beta."""
+    """The loss's own beta: 0 where the KL lives in the reward (reinforce++), else beta. A bad
+    beta is refused here too: for reinforce++ it would otherwise reach the advantages unchecked."""
     assert L.loss_beta("reinforce++", 0.3) == 0.0 and L.loss_beta("reinforce++-baseline", 0.3) == 0.0
     for name in RPG + ["grpo", "grpo-corrected", "dapo"]:
         assert L.loss_beta(name, 0.3) == 0.3, name
     _refused("unknown loss", L.loss_beta, "nope", 0.3)
+    _refused("beta must be a finite number >= 0, got nan", L.loss_beta, "reinforce++", float("nan"))
+
+
+@pytest.mark.parametrize("beta", [-1.0, float("nan"), float("inf"), True])
+def test_beta_rule_is_shared_with_the_reward_kl(beta):
+    """rpg_ref.advantages.reinforce_pp (the KL in the reward) refuses beta with the same rule."""
+    want = _refused(".", L.check_beta, beta)
+    got = _refused(".", reinforce_pp, torch.ones(2), torch.ones(2, 3), torch.zeros(2, 3), None, beta)
+    assert got == want
 
 
 def test_default_beta():
