@@ -16,10 +16,10 @@ The std is the population std (divide by G), as in DeepSeekMath's GRPO descripti
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from rpg_ref.losses import check_beta
 
 __all__ = [
     "ADVANTAGES",
@@ -92,8 +92,7 @@ def kl_return_to_go(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: T
         raise ValueError(f"mask must be [N, T] with N = len(rewards) = {rewards.shape[0]}, got {tuple(mask.shape)}")
     if old_logp.shape != mask.shape or (ref_logp is not None and ref_logp.shape != mask.shape):
         raise ValueError("old_logp and ref_logp must have the mask's shape [N, T]")
-    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    check_beta(beta)
     r = _groups(rewards, 1).reshape(-1)
     m = mask.to(old_logp.dtype)                                  # [N, T]
     if bool((m.sum(1) == 0).any()):

@@ -1,7 +1,8 @@
 """The fused (torch.compile) loss kernel against the eager one, and the switch between them.
 
-Large inputs run rpg_ref.losses._kernel traced by torch.compile; small ones and
-RPG_REF_COMPILE=0 run the same function op by op. The two must agree to float rounding on
+Large inputs run rpg_ref.losses_fused.loss_kernel traced by torch.compile; small ones and
+RPG_REF_COMPILE=0 run the same function op by op (tests/test_losses_reference.py compares that
+with the reference). The two must agree to float rounding on
 values, gradients and statistics, and bad data must be refused the same way. Each case
 compiles one specialization (a few seconds on CPU), so the cases are few and chosen to cover
 every branch of the kernel: each family, clipping with and without dual clip, pi_ref != pi_old,
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import rpg_ref.losses as L
+import rpg_ref.losses_fused as F
 
 B, T = 8, 48
 
@@ -48,8 +50,8 @@ def _run(name, kw, logp, old, ref, adv, mask):
 def fuse_everything(monkeypatch):
     """Fuse every input size (the tests' tensors are below FUSE_MIN_NUMEL); start with no
     compiled wrapper so a test can see whether the fused path was taken."""
-    monkeypatch.setattr(L, "FUSE_MIN_NUMEL", 0)
-    monkeypatch.setattr(L, "_COMPILED", {})
+    monkeypatch.setattr(F, "FUSE_MIN_NUMEL", 0)
+    monkeypatch.setattr(F, "_COMPILED", {})
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=[c[0] + "-" + c[1].get("level", "token") for c in CASES])
@@ -58,10 +60,10 @@ def test_fused_kernel_matches_eager(name, kw, monkeypatch, fuse_everything):
     data = _inputs(torch.float64)
     monkeypatch.setenv("RPG_REF_COMPILE", "0")
     want = _run(name, kw, *data)
-    assert L._COMPILED == {}, "RPG_REF_COMPILE=0 must not compile"
+    assert F._COMPILED == {}, "RPG_REF_COMPILE=0 must not compile"
     monkeypatch.setenv("RPG_REF_COMPILE", "1")
     got = _run(name, kw, *data)
-    assert "kernel" in L._COMPILED, "RPG_REF_COMPILE=1 did not take the fused path"
+    assert "kernel" in F._COMPILED, "RPG_REF_COMPILE=1 did not take the fused path"
     for what, a, b in (("loss", got[0], want[0]), ("grad", got[1], want[1])):
         err = (a - b).abs().max().item()
         assert err <= 1e-12 * (1 + b.abs().max().item()), f"{name} {what}: fused vs eager max diff {err:.3e}"
@@ -106,13 +108,13 @@ def test_fusion_switch(monkeypatch, fuse_everything):
     with pytest.raises(ValueError, match="RPG_REF_COMPILE must be auto, 0 or 1, got 'yes'"):
         _run(name, kw, *data)
 
-    monkeypatch.setattr(L, "_fusion_unavailable", lambda device_type: "no compiler in this test")
-    monkeypatch.setattr(L, "_NO_FUSION", {})
+    monkeypatch.setattr(F, "_fusion_unavailable", lambda device_type: "no compiler in this test")
+    monkeypatch.setattr(F, "_NO_FUSION", {})
     monkeypatch.setenv("RPG_REF_COMPILE", "1")
     with pytest.raises(RuntimeError, match="cannot be fused on cpu: no compiler in this test"):
         _run(name, kw, *data)
 
-    monkeypatch.setattr(L, "_NO_FUSION", {})
+    monkeypatch.setattr(F, "_NO_FUSION", {})
     monkeypatch.setenv("RPG_REF_COMPILE", "auto")
     with pytest.warns(UserWarning, match="cannot fuse the loss kernel on cpu"):
         got = _run(name, kw, *data)
@@ -124,9 +126,9 @@ def test_fusion_switch(monkeypatch, fuse_everything):
 def test_small_inputs_run_eagerly(monkeypatch):
     """Below FUSE_MIN_NUMEL nothing is compiled, whatever RPG_REF_COMPILE says."""
     calls = []
-    monkeypatch.setattr(L, "_COMPILED", {"kernel": lambda *a: calls.append(1)})
+    monkeypatch.setattr(F, "_COMPILED", {"kernel": lambda *a: calls.append(1)})
     monkeypatch.setenv("RPG_REF_COMPILE", "1")
     logp, old, ref, adv, mask = _inputs(torch.float32)
-    assert logp.numel() < L.FUSE_MIN_NUMEL
+    assert logp.numel() < F.FUSE_MIN_NUMEL
     _run("rpg-urkl", dict(beta=0.1, clip=None, use_ref=False), logp, old, ref, adv, mask)
     assert calls == []

@@ -10,11 +10,10 @@ from hypothesis import strategies as st
 import rpg_ref.losses as L
 
 ALL = sorted(L.LOSSES)
-KL_IN_LOSS = [n for n in ALL if n not in ("dapo", "reinforce++", "reinforce++-baseline")]
 
 
 def _beta_for(name, beta):
-    return beta if name in KL_IN_LOSS else 0.0
+    return L.loss_beta(name, L.default_beta(name, beta))
 
 
 @settings(max_examples=60, deadline=None)
@@ -27,15 +26,21 @@ def _beta_for(name, beta):
     clip=st.sampled_from([None, (0.2, 0.28, 3.0), (0.1, 0.1, None)]),
     level=st.sampled_from(["token", "sequence"]),
     dtype=st.sampled_from([torch.float32, torch.float64]),
+    impl=st.sampled_from(L.IMPLS),
 )
-def test_finite_under_extreme_log_ratios(name, log_ratio, ref_ratio, adv, beta, clip, level, dtype):
-    """Log-ratios up to +-50 (to pi_old and to pi_ref) give finite losses, gradients and stats."""
+def test_finite_under_extreme_log_ratios(name, log_ratio, ref_ratio, adv, beta, clip, level, dtype,
+                                         impl):
+    """Log-ratios up to +-50 (to pi_old and to pi_ref) give finite losses, gradients and stats,
+    in the fused kernel and in the reference."""
+    if level == "sequence" and L.SPECS[name].kl_in_reward:
+        level = "token"                                   # refused (test_losses_options.py)
     logp = torch.full((2, 3), -2.0, dtype=dtype, requires_grad=True)
     old = (logp.detach() - log_ratio).clone()
     ref = (logp.detach() - ref_ratio).clone()
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     loss, stats = L.get_loss(name)(logp, old, torch.tensor([adv, -adv], dtype=dtype), mask,
-                                   beta=_beta_for(name, beta), ref_logp=ref, clip=clip, level=level)
+                                   beta=_beta_for(name, beta), ref_logp=ref, clip=clip, level=level,
+                                   impl=impl)
     (g,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss), (name, float(loss))
     assert torch.isfinite(g).all(), (name, g)
@@ -50,7 +55,7 @@ def _args():
 
 def _call(name="rpg-urkl", **over):
     a = _args()
-    kw = {k: over.pop(k) for k in list(over) if k in ("beta", "ref_logp", "clip", "level", "agg")}
+    kw = {k: over.pop(k) for k in list(over) if k in ("beta", "ref_logp", "clip", "level", "agg", "impl")}
     a.update(over)
     return L.get_loss(name)(a["logp"], a["old_logp"], a["advantages"], a["mask"], **kw)
 
@@ -68,7 +73,7 @@ BAD = [
     (dict(beta=float("nan")), "beta"),
     (dict(clip=(0.0, 0.2, 3.0)), "eps_low"),
     (dict(clip=(0.2, -0.1, 3.0)), "eps_high"),
-    (dict(clip=(0.2, 0.2, 1.0)), "c .* must be > 1"),
+    (dict(clip=(0.2, 0.2, 1.0)), "c must be > 1"),
     (dict(clip=(0.2,)), "clip must be"),
     (dict(level="word"), "level"),
     (dict(agg="mean"), "agg"),
@@ -78,29 +83,35 @@ BAD = [
     (dict(advantages=torch.tensor([1.0, float("-inf")])), "advantages has non-finite"),
     (dict(ref_logp=torch.tensor([[0.0, 0, 0], [0, 0, float("nan")]])), "ref_logp has non-finite"),
     (dict(logp=[[0.0]]), "logp must be a torch.Tensor"),
+    (dict(logp=torch.full((2, 3), 3e38), old_logp=torch.full((2, 3), -3e38)),
+     r"logp has non-finite values \(entries too large to sum in torch.float32"),
+    (dict(impl="compiled"), "impl must be one of"),
 ]
 
 
+@pytest.mark.parametrize("impl", L.IMPLS)
 @pytest.mark.parametrize("bad,match", BAD, ids=[m for _, m in BAD])
 @pytest.mark.parametrize("name", ["rpg-urkl", "rpg-reinforce-fkl", "grpo"])
-def test_bad_input_raises_value_error(name, bad, match):
-    """Every bad input gets a ValueError naming what is wrong."""
+def test_bad_input_raises_value_error(name, bad, match, impl):
+    """Every bad input gets a ValueError naming what is wrong, from both implementations."""
     with pytest.raises(ValueError, match=match):
-        _call(name, **bad)
+        _call(name, **{"impl": impl, **bad})
 
 
-def test_non_finite_at_masked_position_still_raises():
+@pytest.mark.parametrize("impl", L.IMPLS)
+def test_non_finite_at_masked_position_still_raises(impl):
     """Non-finite values are refused even where mask = 0 (they are never silently dropped)."""
     with pytest.raises(ValueError, match="logp has non-finite"):
         _call(logp=torch.tensor([[0.0, 0, -float("inf")], [0, 0, 0]]),
-              mask=torch.tensor([[1.0, 1, 0], [1, 1, 1]]))
+              mask=torch.tensor([[1.0, 1, 0], [1, 1, 1]]), impl=impl)
 
 
+@pytest.mark.parametrize("impl", L.IMPLS)
 @pytest.mark.parametrize("name", ["dapo", "reinforce++", "reinforce++-baseline"])
-def test_kl_free_losses_refuse_beta(name):
+def test_kl_free_losses_refuse_beta(name, impl):
     """Losses without a KL term (or with the KL in the reward) refuse beta > 0 instead of ignoring it."""
     with pytest.raises(ValueError, match="beta"):
-        _call(name, beta=0.1)
+        _call(name, beta=0.1, impl=impl)
 
 
 @settings(max_examples=40, deadline=None)
@@ -119,5 +130,6 @@ def test_aggregations_match_manual_formula(B, T, seed):
             "seq-mean-token-mean": sum(r / k for r, k in zip(rows, n)) / B,
             "seq-mean-token-sum": sum(rows) / B}
     for agg, w in want.items():
-        loss, _ = L.get_loss("dapo")(lp, lp, A, m, agg=agg)
-        assert math.isclose(loss.item(), w, rel_tol=1e-12, abs_tol=1e-12), (agg, loss.item(), w)
+        for impl in L.IMPLS:
+            loss, _ = L.get_loss("dapo")(lp, lp, A, m, agg=agg, impl=impl)
+            assert math.isclose(loss.item(), w, rel_tol=1e-12, abs_tol=1e-12), (agg, impl, loss.item(), w)

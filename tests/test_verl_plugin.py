@@ -55,9 +55,25 @@ def _expected_scale(mode, mask):
 
 
 def test_every_rpg_loss_and_grpo_corrected_is_registered():
+    """Every rpg loss with and without clipping; grpo-corrected only clipped (a PPO-type loss always
+    clips: a "-noclip" name would silently clip at its default)."""
     names = set(core_algos.POLICY_LOSS_REGISTRY)
-    for base in [n for n in LOSSES if n.startswith("rpg-")] + ["grpo-corrected"]:
+    for base in [n for n in LOSSES if n.startswith("rpg-")]:
         assert base in names and f"{base}-noclip" in names
+    assert "grpo-corrected" in names and "grpo-corrected-noclip" not in plugin.REGISTERED
+
+
+def test_clip_ratios_are_checked_by_rpg_ref():
+    """verl's clip ratios go through rpg_ref.losses.parse_clip: c = inf means no dual bound, and a
+    bad ratio is refused with parse_clip's message."""
+    assert plugin.read_config(_config("token-mean"), clipped=True) == (0.05, (0.2, 0.28, 10.0))
+    cfg = {"kl_loss_coef": 0.05, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
+    assert plugin.read_config({**cfg, "clip_ratio_c": float("inf")}, clipped=True) == (0.05, (0.2, 0.28, None))
+    assert plugin.read_config({**cfg, "clip_ratio_c": 1.0}, clipped=False) == (0.05, None)
+    with pytest.raises(ValueError, match="dual-clip c must be > 1"):
+        plugin.read_config({**cfg, "clip_ratio_c": 1.0}, clipped=True)
+    with pytest.raises(ValueError, match="clip eps_low must be in"):
+        plugin.read_config({**cfg, "clip_ratio_low": 1.0}, clipped=True)
 
 
 @pytest.mark.parametrize("name", plugin.REGISTERED)

@@ -7,8 +7,9 @@ choosing a loss by name:
         actor_rollout_ref.actor.policy_loss.loss_mode=rpg-reinforce-urkl \\
         actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.kl_loss_coef=1e-4 ...
 
-Registered names (REGISTERED): the eight rpg losses of rpg_ref.losses, grpo-corrected, and each of
-them with a "-noclip" suffix. Each is a thin adapter: it calls the rpg_ref.losses function itself
+Registered names (REGISTERED): the eight rpg losses of rpg_ref.losses and grpo-corrected, and each
+loss that may run unclipped (the rpg losses; grpo-corrected always clips) also with a "-noclip"
+suffix. Each is a thin adapter: it calls the rpg_ref.losses function itself
 (never a copy) at level="token" with pi_ref = pi_old (verl's policy-loss signature carries no
 reference log-probs, which is exactly the paper's iterative reference: use_kl_loss=False, no ref
 model) and rescales the result to verl's global aggregation.
@@ -17,7 +18,8 @@ Actor-config keys read (actor_rollout_ref.actor.*):
     kl_loss_coef               beta, the loss's own KL coefficient (use_kl_loss must be False,
                                else verl would add its own, unweighted KL on top: ValueError)
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
-    clip_ratio_c               dual-clip bound c (> 1); the "-noclip" names ignore all three
+    clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all three
+                               (checked by rpg_ref.losses.parse_clip: the loss options' one rule book)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
                                seq-mean-token-sum-norm
     global_batch_info          dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
@@ -45,10 +47,10 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from rpg_ref.losses import LOSSES, SPECS
+from rpg_ref.losses import LOSSES, SPECS, parse_clip
 
 BASE_NAMES = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")] + ["grpo-corrected"]
-REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES]
+REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES if not SPECS[n].always_clips]
 VERL_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
                   "seq-mean-token-sum-norm")
 
@@ -61,7 +63,7 @@ def _get(config, key: str, default=None):
 
 
 def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
-    """(beta, clip) from verl's actor config (module docstring)."""
+    """(beta, clip) from verl's actor config (module docstring); clip = (eps_low, eps_high, c or None)."""
     if config is None:
         raise ValueError("rpg losses need verl's actor config (beta = kl_loss_coef, clip ratios)")
     if _get(config, "use_kl_loss", False):
@@ -73,7 +75,7 @@ def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
         return beta, None
     eps = _get(config, "clip_ratio", 0.2)
     low, high = _get(config, "clip_ratio_low", eps), _get(config, "clip_ratio_high", eps)
-    return beta, (float(low), float(high), float(_get(config, "clip_ratio_c", 3.0)))
+    return beta, parse_clip((low, high, _get(config, "clip_ratio_c", 3.0)))
 
 
 def _agg_plan(mode: str) -> str:

@@ -1,0 +1,177 @@
+"""Rules about a loss's options, each stated once in rpg_ref.losses (parse_clip, check_options,
+loss_beta, default_beta) and called by the losses themselves, the trainer's config and the verl
+plugin. One test per rule; every refusal is a one-line ValueError that names the bad value."""
+
+import math
+import re
+
+import pytest
+import torch
+
+import rpg_ref.losses as L
+from rpg_ref.advantages import reinforce_pp
+
+RPG = [n for n in L.LOSSES if L.SPECS[n].family != "baseline"]
+PPO = [n for n in L.LOSSES if L.SPECS[n].family == "baseline"]
+
+
+def _refused(match, fn, *args, **kw):
+    with pytest.raises(ValueError, match=match) as e:
+        fn(*args, **kw)
+    assert "\n" not in str(e.value), "messages are one line (a CLI prints them as is)"
+    return str(e.value)
+
+
+def test_parse_clip_normalizes_numbers_and_strings():
+    """(eps_low, eps_high[, c]) as numbers or strings -> floats; c None, 'inf' or absent -> None."""
+    assert L.parse_clip(None) is None
+    assert L.parse_clip((0.2, 0.28)) == (0.2, 0.28, None)
+    assert L.parse_clip([0.2, 0.28, 3]) == (0.2, 0.28, 3.0)
+    assert L.parse_clip(["0.1", "0.3", "10"]) == (0.1, 0.3, 10.0)
+    for c in (None, "inf", float("inf"), math.inf):
+        assert L.parse_clip((0.2, 0.28, c)) == (0.2, 0.28, None)
+    assert all(type(v) is float for v in L.parse_clip(("0.1", 1, 2)))
+
+
+@pytest.mark.parametrize("clip,match", [
+    ((0.2,), r"clip must be \(eps_low, eps_high\) or \(eps_low, eps_high, c\), got \(0.2,\)"),
+    ((0.2, 0.2, 3, 4), "clip must be"),
+    ("0.2 0.28", "clip must be"),
+    (0.2, "clip must be"),
+    (("abc", 0.2), "clip eps_low must be a number .*got 'abc'"),
+    ((0.2, None), "clip eps_high must be a number .*got None"),
+    ((0.2, 0.2, "x"), "clip c must be a number .*got 'x'"),
+])
+def test_parse_clip_refuses_malformed_clip(clip, match):
+    """A clip that is not 2 or 3 numbers is refused, naming the bad value."""
+    _refused(match, L.parse_clip, clip)
+
+
+@pytest.mark.parametrize("eps_low", [0.0, -0.1, 1.0, 1.5, float("nan")])
+def test_parse_clip_eps_low_in_open_unit_interval(eps_low):
+    """0 < eps_low < 1: the lower ratio bound 1 - eps_low must be positive."""
+    _refused(rf"clip eps_low must be in \(0, 1\).*got {eps_low}", L.parse_clip, (eps_low, 0.2))
+
+
+@pytest.mark.parametrize("eps_high", [0.0, -0.1, float("inf"), float("nan")])
+def test_parse_clip_eps_high_positive_finite(eps_high):
+    """0 < eps_high < inf."""
+    _refused(rf"clip eps_high must be > 0 and finite, got {eps_high}", L.parse_clip, (0.2, eps_high))
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5, -3.0, float("nan")])
+def test_parse_clip_dual_bound_above_one(c):
+    """c > 1 (None or inf: no dual bound)."""
+    _refused(rf"dual-clip c must be > 1 \(None or inf: no dual bound\), got {c}", L.parse_clip, (0.2, 0.2, c))
+
+
+def test_check_options_unknown_loss_lists_valid_names():
+    msg = _refused("unknown loss 'ppo-foo'; valid names: ", L.check_options, "ppo-foo", beta=0.0)
+    assert all(n in msg for n in L.LOSSES)
+
+
+@pytest.mark.parametrize("beta", [-0.1, float("nan"), float("inf"), True, "0.1", None])
+def test_check_options_beta_finite_nonnegative_number(beta):
+    _refused(r"beta must be a finite number >= 0, got", L.check_options, "rpg-urkl", beta=beta)
+
+
+def test_check_options_beta_zero_for_dapo():
+    """dapo has no KL term: a beta > 0 is refused instead of ignored."""
+    _refused("dapo has no KL term; got beta=0.1: use beta=0", L.check_options, "dapo", beta=0.1)
+    L.check_options("dapo", beta=0.0)
+
+
+@pytest.mark.parametrize("name", ["reinforce++", "reinforce++-baseline"])
+def test_check_options_beta_zero_for_kl_in_reward(name):
+    """reinforce++ puts the KL into the reward: the loss takes beta = 0, beta goes to the advantage."""
+    _refused(re.escape(f"{name} puts its k1 KL penalty into the reward: pass beta to "
+                       "rpg_ref.advantages.reinforce_pp and call the loss with beta=0; got beta=0.1"),
+             L.check_options, name, beta=0.1)
+    L.check_options(name, beta=0)
+
+
+def test_check_options_checks_clip():
+    """check_options refuses what parse_clip refuses (the same message)."""
+    _refused("clip eps_low must be in", L.check_options, "rpg-urkl", beta=0.1, clip=(0.0, 0.2))
+    L.check_options("rpg-urkl", beta=0.1, clip=("0.2", "0.28", "inf"))
+
+
+def test_check_options_no_clip_with_clip():
+    _refused(r"clip \(0.2, 0.2\) and no_clip together: give one of them", L.check_options,
+             "rpg-urkl", beta=0.1, clip=(0.2, 0.2), no_clip=True)
+
+
+@pytest.mark.parametrize("name", PPO)
+def test_check_options_no_clip_refused_for_ppo_losses(name):
+    """PPO-type losses always clip (clip=None means their default clip): no_clip is refused."""
+    assert L.SPECS[name].always_clips
+    _refused(re.escape(f"no_clip: {name} is a PPO-type loss that always clips"), L.check_options, name,
+             beta=0.0, no_clip=True)
+
+
+@pytest.mark.parametrize("name", RPG)
+def test_check_options_no_clip_allowed_for_rpg_losses(name):
+    assert not L.SPECS[name].always_clips
+    L.check_options(name, beta=0.1, no_clip=True)
+
+
+def test_check_options_level_and_agg_in_their_lists():
+    _refused(r"level must be one of \('token', 'sequence'\), got 'word'", L.check_options,
+             "rpg-urkl", beta=0.1, level="word")
+    _refused(r"agg must be one of \('token-mean', .*got 'mean'", L.check_options, "rpg-urkl",
+             beta=0.1, agg="mean")
+    for level in L.LEVELS:
+        for agg in L.AGGREGATIONS:
+            L.check_options("rpg-urkl", beta=0.1, level=level, agg=agg)
+
+
+@pytest.mark.parametrize("name", L.LOSSES)
+def test_check_options_sequence_level_refused_for_token_advantages(name):
+    """Losses with token-level advantages (KL in the reward) cannot run at level='sequence'."""
+    if L.SPECS[name].kl_in_reward:
+        _refused(re.escape(f"{name} has token-level advantages and cannot run at level='sequence'"),
+                 L.check_options, name, beta=0.0, level="sequence")
+    else:
+        L.check_options(name, beta=L.loss_beta(name, L.default_beta(name, 0.1)), level="sequence")
+
+
+@pytest.mark.parametrize("impl", L.IMPLS)
+def test_losses_call_check_options(impl):
+    """The losses refuse their bad options with check_options' messages, before any work."""
+    z, one = torch.zeros(1, 1), torch.ones(1, 1)
+    for name, kw in [("reinforce++", dict(level="sequence")), ("dapo", dict(beta=0.1)),
+                     ("rpg-rkl", dict(clip=(0.2, 0.2, 1.0))), ("grpo", dict(agg="sum"))]:
+        want = _refused(".", L.check_options, name, **{"beta": 0.0, **kw})
+        assert _refused(".", L.get_loss(name), z, z, torch.zeros(1), one, impl=impl, **kw) == want
+
+
+def test_loss_beta():
+    """The loss's own beta: 0 where the KL lives in the reward (reinforce++), else beta. A bad
+    beta is refused here too: for reinforce++ it would otherwise reach the advantages unchecked."""
+    assert L.loss_beta("reinforce++", 0.3) == 0.0 and L.loss_beta("reinforce++-baseline", 0.3) == 0.0
+    for name in RPG + ["grpo", "grpo-corrected", "dapo"]:
+        assert L.loss_beta(name, 0.3) == 0.3, name
+    _refused("unknown loss", L.loss_beta, "nope", 0.3)
+    _refused("beta must be a finite number >= 0, got nan", L.loss_beta, "reinforce++", float("nan"))
+
+
+@pytest.mark.parametrize("beta", [-1.0, float("nan"), float("inf"), True])
+def test_beta_rule_is_shared_with_the_reward_kl(beta):
+    """rpg_ref.advantages.reinforce_pp (the KL in the reward) refuses beta with the same rule."""
+    want = _refused(".", L.check_beta, beta)
+    got = _refused(".", reinforce_pp, torch.ones(2), torch.ones(2, 3), torch.zeros(2, 3), None, beta)
+    assert got == want
+
+
+def test_default_beta():
+    """Without a user beta: 0 for a loss with no KL anywhere (dapo), else the default passes."""
+    assert L.default_beta("dapo", 1e-3) == 0.0
+    for name in RPG + ["grpo", "grpo-corrected", "reinforce++", "reinforce++-baseline"]:
+        assert L.default_beta(name, 1e-3) == 1e-3, name
+    _refused("unknown loss", L.default_beta, "nope", 0.3)
+
+
+def test_every_loss_accepts_its_defaults():
+    """default_beta then loss_beta gives a beta every loss accepts, with its default options."""
+    for name in L.LOSSES:
+        L.check_options(name, beta=L.loss_beta(name, L.default_beta(name, 1e-3)))
