@@ -95,8 +95,8 @@ def _typed(flags: dict) -> dict:
     """Flag strings -> config values: --clip through the loss library's parser, betas to floats."""
     flags = dict(flags)
     if flags.get("clip") is not None:
-        eps_low, eps_high, c = L.parse_clip(flags["clip"])
-        flags["clip"] = [eps_low, eps_high] + ([c] if c is not None else [])
+        L.parse_clip(flags["clip"])  # refuses a malformed or out-of-range clip, naming it
+        flags["clip"] = [float(v) for v in flags["clip"]]  # stored as given ('inf' stays inf)
     if "adam_betas" in flags:
         flags["adam_betas"] = [float(v) for v in flags["adam_betas"]]
     return flags
