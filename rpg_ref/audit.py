@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from rpg_ref import kl
+from rpg_ref.audit_adapters import BETA, Adapter, all_adapters
 from rpg_ref.exact import Autoregressive, divergence
 
 __all__ = ["BETA", "HORIZONS", "SETTINGS", "Adapter", "Problem", "Setting", "audit", "candidate_grads",
@@ -53,7 +54,6 @@ __all__ = ["BETA", "HORIZONS", "SETTINGS", "Adapter", "Problem", "Setting", "aud
 DTYPE = torch.float64
 VOCAB = 3
 HORIZONS = (1, 2, 3)
-BETA = 0.5                 # the KL coefficient every built-in adapter uses
 OFF_POLICY_STEP = 0.5      # theta = theta_old + 0.5 N(0, 1) per logit in the off-policy settings
 REF_STEP = 0.8             # theta_ref = theta_old + 0.8 N(0, 1) per logit where pi_ref != pi_old
 MATCH_TOL = 1e-10
@@ -62,23 +62,6 @@ ZERO_NORM = 1e-4           # shorter gradients count as 0 (the settings' others 
 LABELS = {"seq-rkl": "KL(π‖ref)", "seq-urkl": "UKL(π‖ref)", "seq-fkl": "KL(ref‖π)",
           "seq-ufkl": "UKL(ref‖π)", "tok-rkl": "Σt KL(π‖ref)", "tok-fkl": "Σt KL(ref‖π)",
           "no-kl": "0 (no KL)"}
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """A loss as the audit calls it. ``own_code``: the library's own function runs (else the loss
-    was written here from the library's documentation)."""
-    name: str
-    loss: Callable[..., Tensor]     # loss(logp, old_logp, ref_logp, advantages, mask) -> scalar
-    beta: float                     # its KL coefficient: its KL part is compared with beta * grad D
-    library: str
-    own_code: bool
-    level: str = "token"
-    note: str = ""
-
-    @property
-    def code(self) -> str:
-        return f"{self.library}: {'own code' if self.own_code else 'from docs'}"
 
 
 @dataclass(frozen=True)
@@ -243,8 +226,7 @@ def audit(adapters: list[Adapter], horizons=HORIZONS, seed: int = 0) -> list[dic
 
 def default_adapters() -> tuple[list[Adapter], list[str]]:
     """Every built-in adapter that can run here, and notes on those that cannot."""
-    from rpg_ref import audit_adapters
-    return audit_adapters.all_adapters()
+    return all_adapters()
 
 
 # ---------------------------------------------------------------------------

@@ -17,12 +17,33 @@ Advantages arrive as one reward per response [B]; token-level code gets them bro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from rpg_ref.advantages import kl_return_to_go
-from rpg_ref.audit import BETA, Adapter
 from rpg_ref.losses import LOSSES, SPECS
+
+BETA = 0.5  # the KL coefficient every built-in adapter uses
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A loss as the audit calls it. ``own_code``: the library's own function runs (else the loss
+    was written here from the library's documentation)."""
+    name: str
+    loss: Callable[..., Tensor]     # loss(logp, old_logp, ref_logp, advantages, mask) -> scalar
+    beta: float                     # its KL coefficient: its KL part is compared with beta * grad D
+    library: str
+    own_code: bool
+    level: str = "token"
+    note: str = ""
+
+    @property
+    def code(self) -> str:
+        return f"{self.library}: {'own code' if self.own_code else 'from docs'}"
 
 RPG = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")]
 VERL_KL_TYPES = ("kl", "abs", "mse", "low_var_kl", "k1+", "k3+")
