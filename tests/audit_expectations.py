@@ -89,6 +89,19 @@ def predicted_reward_exact(name: str, level: str, on: bool, horizon: int) -> boo
     return level == "sequence" or on or horizon == 1
 
 
+def assert_verdicts(rows: list, ad, n_cases: int) -> None:
+    """Adapter ``ad``'s rows (one per setting and horizon, ``n_cases`` of them) carry exactly the
+    KL candidates and the reward-part exactness derived by hand above."""
+    got = [r for r in rows if r["loss"] == ad.name and r["code"] == ad.code and r["level"] == ad.level]
+    assert len(got) == n_cases, (ad.name, len(got))
+    for r in got:
+        where = f"{ad.name}: theta=old:{r['on_policy']} ref=old:{r['ref_is_old']} H={r['horizon']}"
+        assert r["kl_matches"] == predicted_matches(ad.name, ad.level, r["on_policy"], r["ref_is_old"],
+                                                    r["horizon"]), where
+        assert r["reward_exact"] == predicted_reward_exact(ad.name, ad.level, r["on_policy"],
+                                                           r["horizon"]), where
+
+
 def committed_table() -> str:
     """The generated block of docs/audit.md (between its audit-table markers)."""
     doc = DOC.read_text(encoding="utf-8")

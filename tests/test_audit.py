@@ -20,9 +20,9 @@ import pytest
 import torch
 from audit_expectations import (
     ALL_KEYS,
+    assert_verdicts,
     committed_table,
     predicted_matches,
-    predicted_reward_exact,
     table_lines,
     tie_class,
 )
@@ -125,13 +125,7 @@ def test_verdict(rows, ad):
     """The KL part follows exactly the candidates derived by hand (audit_expectations.kl_primary and
     its ties; [] = none), and the reward part is exact exactly where predicted, for every setting
     and horizon (seed 0: the committed table)."""
-    got = _by_adapter(rows, ad)
-    assert len(got) == len(audit.SETTINGS) * len(audit.HORIZONS)
-    for r in got:
-        where = f"theta=old:{r['on_policy']} ref=old:{r['ref_is_old']} H={r['horizon']}"
-        assert r["kl_matches"] == predicted_matches(ad.name, ad.level, r["on_policy"], r["ref_is_old"],
-                                                    r["horizon"]), where
-        assert r["reward_exact"] == predicted_reward_exact(ad.name, ad.level, r["on_policy"], r["horizon"]), where
+    assert_verdicts(rows, ad, len(audit.SETTINGS) * len(audit.HORIZONS))
 
 
 def test_verdicts_do_not_depend_on_the_seed():

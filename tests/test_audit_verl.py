@@ -12,9 +12,8 @@ verl = pytest.importorskip("verl", reason="verl is not installed in this environ
                            "adapters run in their own venv (.ci/run creates .venv-verl)")
 
 from audit_expectations import (
+    assert_verdicts,
     committed_table,
-    predicted_matches,
-    predicted_reward_exact,
     table_lines,
 )
 
@@ -63,13 +62,7 @@ def test_verl_own_code_equals_its_docs_twin(ad):
 @pytest.mark.parametrize("ad", OWN, ids=lambda a: a.name)
 def test_verl_verdict(rows, ad):
     """verl's own code gets the verdicts derived by hand in audit_expectations.py."""
-    got = [r for r in rows if r["loss"] == ad.name]
-    assert len(got) == len(audit.SETTINGS) * len(audit.HORIZONS)
-    for r in got:
-        where = f"theta=old:{r['on_policy']} ref=old:{r['ref_is_old']} H={r['horizon']}"
-        assert r["kl_matches"] == predicted_matches(ad.name, ad.level, r["on_policy"], r["ref_is_old"],
-                                                    r["horizon"]), where
-        assert r["reward_exact"] == predicted_reward_exact(ad.name, ad.level, r["on_policy"], r["horizon"]), where
+    assert_verdicts(rows, ad, len(audit.SETTINGS) * len(audit.HORIZONS))
 
 
 def test_committed_verl_rows_match_a_fresh_run(rows):
