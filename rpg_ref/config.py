@@ -175,7 +175,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-4b-h100": dict(PAPER_RECIPE, max_new_tokens=2048),
     "qwen3-4b-h100-4k": dict(PAPER_RECIPE, max_new_tokens=4096),
     "qwen3-4b-h100-8k": dict(PAPER_RECIPE, max_new_tokens=8192),
-    # the same recipe on a smaller model; micro-batch 4 (fp32 logits [4, 2K, 151936] ~ 5 GB per copy)
+    # the same recipe on a smaller model, micro-batches of 4 responses (chosen when the trainer still
+    # materialized full fp32 logits; with the chunked LM head a token budget may do better: untuned)
     "qwen3-0.6b-h100": dict(PAPER_RECIPE, max_new_tokens=2048, micro_batch_size=4,
                             math_model="Qwen/Qwen3-0.6B"),
 }
