@@ -246,8 +246,7 @@ def validate(cfg: Config) -> None:
     def bad(msg):
         raise ValueError(f"bad configuration: {msg}")
 
-    try:  # the loss's own rules: name, beta, clip, level, aggregation
-        L.get_loss(cfg.algo)
+    try:  # the loss's own rules: name (loss_beta refuses an unknown one), beta, clip, level, agg
         L.check_options(cfg.algo, beta=loss_beta(cfg), clip=cfg.clip, level=cfg.level, agg=cfg.agg,
                         no_clip=cfg.no_clip)
     except ValueError as e:

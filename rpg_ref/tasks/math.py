@@ -332,7 +332,8 @@ class MathTask:
             self.eval_sets[name] = ps
         check_model_source(o.model, "--math-model")
         self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(o.model)
-        check_model_source(self.tokenizer_path, "--math-tokenizer" if o.tokenizer else "--math-model")
+        if self.tokenizer_path != o.model:  # the model's own tokenizer was checked just above
+            check_model_source(self.tokenizer_path, "--math-tokenizer")
         self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, _load_tokenizer,
                                   self.tokenizer_path)
         if self.tokenizer.eos_token_id is None:
