@@ -1,15 +1,74 @@
-"""What the trainer-vs-TRL benchmarks share (small_scale/bench_trainer.py on CPU,
-small_scale/bench_gpu_vs_trl.py on a GPU): process memory, TRL's step timer, fresh worker
-processes and the ratio table."""
+"""What the benchmarks share (small_scale/bench_trainer.py on CPU, small_scale/gpu_bench.py and
+small_scale/bench_gpu_vs_trl.py on a GPU, or on a CPU at smoke settings): the benchmark models,
+the device's name, process memory, TRL's step timer, fresh worker processes and the ratio table."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+TINY = "qwen3-tiny"
+SHARED_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b")
+DEVICES = ("cuda", "cpu")
+
+
+def model_config(name: str, folder: Path) -> Path:
+    """config.json of a benchmark model: one of shared/data/models (SHARED_MODELS), or TINY,
+    Qwen3-0.6B's config shrunk to 2 layers of width 64 (about 10M parameters, 9.7M of them the
+    embedding; the real vocabulary, so the real tokenizer and chat template work), written into
+    ``folder``: the model a CPU runs the GPU benchmarks' whole pipeline with in seconds."""
+    from rpg_ref.math_data import data_dir
+
+    if name in SHARED_MODELS:
+        return data_dir() / "models" / name / "config.json"
+    if name != TINY:
+        raise ValueError(f"unknown benchmark model {name!r}: one of {(*SHARED_MODELS, TINY)}")
+    d = json.loads((data_dir() / "models" / "qwen3-0.6b" / "config.json").read_text())
+    d.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{TINY}.json"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def missing_device(device: str) -> str | None:
+    """Why ``device`` cannot run a benchmark (one line), or None."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return ("no CUDA GPU is available (torch.cuda.is_available() is False): run on a GPU, or "
+                "pass --device cpu to run the same pipeline on this CPU (see --help)")
+    return None
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's (with torch's thread count)."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return f"CPU: {cpu}, {torch.get_num_threads()} torch threads"
+
+
+def peak_memory_gib(device: str) -> float:
+    """The process's peak memory: max CUDA memory allocated, or peak RSS on a CPU."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return peak_rss_mb() / 1024
 
 
 def rss_mb() -> float:

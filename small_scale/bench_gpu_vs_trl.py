@@ -2,12 +2,17 @@
 
     python small_scale/bench_gpu_vs_trl.py                         # Qwen3-0.6B, 4 prompts x 8, 256 tokens
     python small_scale/bench_gpu_vs_trl.py --model qwen3-1.7b --max-new-tokens 1024 --steps 4
+    python small_scale/bench_gpu_vs_trl.py --device cpu            # no GPU: the pipeline, tiny model
 
 Not a test: it prints a table of ratios measured in one run. Needs a CUDA GPU and the bench extra
 (``pip install 'rpg-ref[bench]'``: trl, psutil); without them it stops with one line (exit 2).
+With --device cpu it runs the same comparison on the CPU (default: qwen3-tiny, 2 prompts x 2,
+16 new tokens, 3 steps), peak memory being each process's peak RSS: a check that both sides of
+the benchmark run, whose ratios say nothing about a GPU.
 
 Both trainers get:
-  - one model, built once from shared/data/models/<name>/config.json with random weights (seed 0)
+  - one model, built once from shared/data/models/<name>/config.json (or qwen3-tiny:
+    small_scale/bench_common.model_config) with random weights (seed 0)
     and saved in fp32 with save_pretrained, with the shared Qwen3 tokenizer;
   - the same problems: the first prompts x (steps + 1) deepmath_int problems, through the chat
     template with the paper's "Answer:" instruction (rpg-train reads them as its training set;
@@ -34,14 +39,33 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
-from bench_common import ratio_rows, rollout_cycles, run_worker, step_timer
+from bench_common import (
+    DEVICES,
+    SHARED_MODELS,
+    TINY,
+    device_name,
+    missing_device,
+    model_config,
+    peak_memory_gib,
+    ratio_rows,
+    rollout_cycles,
+    run_worker,
+    step_timer,
+)
 
 REPO = Path(__file__).resolve().parent.parent
+# what the command line leaves out, by device
+DEFAULTS = {"cuda": {"model": "qwen3-0.6b", "prompts": 4, "group": 8, "updates": 2,
+                     "max_new_tokens": 256, "steps": 4},
+            "cpu": {"model": TINY, "prompts": 2, "group": 2, "updates": 1, "max_new_tokens": 16,
+                    "steps": 3}}
 
 
 def settings(a) -> dict:
-    return {"model": a.model, "prompts": a.prompts, "group": a.group, "updates": a.updates,
-            "max_new_tokens": a.max_new_tokens, "steps": a.steps, "beta": a.beta, "lr": 1e-6, "seed": 0}
+    d = DEFAULTS[a.device]
+    given = {k: getattr(a, k) for k in d}
+    return {"device": a.device, **{k: d[k] if v is None else v for k, v in given.items()},
+            "beta": a.beta, "lr": 1e-6, "seed": 0}
 
 
 def check(s: dict) -> str | None:
@@ -61,7 +85,7 @@ def check(s: dict) -> str | None:
 def ours_argv(s: dict, out: Path, model_dir: Path, problems: Path) -> list:
     """rpg-train's flags for the comparison (a valid configuration: tests/test_gpu_bench.py)."""
     batch = s["prompts"] * s["group"]
-    return ["--task", "math", "--engine", "hf", "--device", "cuda", "--out", str(out),
+    return ["--task", "math", "--engine", "hf", "--device", s["device"], "--out", str(out),
             "--algo", "rpg-reinforce-urkl", "--ref", "iterative", "--beta", str(s["beta"]),
             "--math-model", str(model_dir), "--math-tokenizer", str(model_dir),
             "--math-train-data", str(problems), "--math-dtype", "bf16-autocast",
@@ -86,7 +110,7 @@ def trl_config(s: dict, out: Path) -> dict:
                 temperature=1.0, top_p=1.0, top_k=0, beta=s["beta"], epsilon=0.2, epsilon_high=0.28,
                 num_iterations=1, loss_type="grpo", bf16=True, gradient_checkpointing=True,
                 model_init_kwargs={"dtype": "float32"}, disable_dropout=True, disable_tqdm=True,
-                dataloader_num_workers=0)
+                dataloader_num_workers=0, use_cpu=s["device"] == "cpu")
 
 
 def compare(ours: dict, trl: dict) -> dict:
@@ -108,7 +132,7 @@ def prepare(s: dict, out: Path) -> tuple[Path, Path]:
     model_dir, problems = out / "model", out / "problems.jsonl"
     if not (model_dir / "config.json").exists():
         torch.manual_seed(s["seed"])
-        load_hf_model(str(data_dir() / "models" / s["model"] / "config.json")).save_pretrained(model_dir)
+        load_hf_model(str(model_config(s["model"], out))).save_pretrained(model_dir)
         AutoTokenizer.from_pretrained(str(data_dir() / "tokenizer" / "qwen3")).save_pretrained(model_dir)
     rows = load_problems("deepmath_int", limit=s["prompts"] * (s["steps"] + 1))
     problems.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n"
@@ -117,8 +141,6 @@ def prepare(s: dict, out: Path) -> tuple[Path, Path]:
 
 
 def run_ours(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
-    import torch
-
     from rpg_ref import train
     from rpg_ref.cli import parse_config
 
@@ -127,11 +149,10 @@ def run_ours(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
     rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
     return {"step_s": [r["time_step"] for r in rows[1:]],
             "gen_tokens_per_s": [r["gen_tokens_per_s"] for r in rows[1:]],
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+            "peak_gib": peak_memory_gib(s["device"])}
 
 
 def run_trl(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
-    import torch
     import trl
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -157,18 +178,22 @@ def run_trl(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
     trainer.train()
     scorer.close()
     cycles = rollout_cycles(stamps, s["updates"])
-    return {"step_s": cycles[1:], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+    return {"step_s": cycles[1:], "peak_gib": peak_memory_gib(s["device"]),
             "trl_version": trl.__version__}
 
 
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen3-0.6b", help="a folder of shared/data/models")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--updates", type=int, default=2, help="optimizer steps per rollout batch")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=4, help="rollout batches per trainer (first = warm-up)")
+    ap.add_argument("--device", choices=DEVICES, default="cuda",
+                    help="cuda (what it measures) or cpu (the same comparison: a check that it runs)")
+    ap.add_argument("--model", choices=[*SHARED_MODELS, TINY], help="a folder of shared/data/models, or "
+                    f"{TINY}; the defaults of this and the next five: " + "; ".join(
+                        f"{dev}: {d}" for dev, d in DEFAULTS.items()))
+    ap.add_argument("--prompts", type=int)
+    ap.add_argument("--group", type=int)
+    ap.add_argument("--updates", type=int, help="optimizer steps per rollout batch")
+    ap.add_argument("--max-new-tokens", type=int)
+    ap.add_argument("--steps", type=int, help="rollout batches per trainer (first = warm-up)")
     ap.add_argument("--beta", type=float, default=1e-4)
     ap.add_argument("--out", default="runs/bench_gpu_vs_trl")
     ap.add_argument("--_worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
@@ -178,16 +203,13 @@ def main(argv: list | None = None) -> int:
     if problem is None:
         import importlib.util
 
-        import torch
-        if not torch.cuda.is_available():
-            problem = ("no CUDA GPU is available (torch.cuda.is_available() is False); this benchmark "
-                       "compares GPU step times and memory")
-        elif importlib.util.find_spec("trl") is None:
+        problem = missing_device(a.device)
+        if problem is None and importlib.util.find_spec("trl") is None:
             problem = "TRL is not installed: pip install 'rpg-ref[bench]'"
     if problem:
         print(f"bench_gpu_vs_trl: {problem}", file=sys.stderr)
         return 2
-    out = Path(a.out) / a.model
+    out = Path(a.out) / f"{s['model']}-{a.device}"
     if a._worker:
         model_dir, problems = out / "model", out / "problems.jsonl"
         run = run_ours if a._worker == "ours" else run_trl
@@ -200,20 +222,21 @@ def main(argv: list | None = None) -> int:
     for w in ("ours", "trl"):
         run_worker(__file__, [*passed, "--_worker", w], env, w)
     ours, trl_ = (json.loads((out / f"{w}.json").read_text()) for w in ("ours", "trl"))
-    import torch
-
     r = compare(ours, trl_)
-    print(f"\n{a.model} (random weights), {a.prompts} prompts x {a.group} responses, {a.max_new_tokens} "
-          f"new tokens, {a.updates} optimizer steps per rollout, bf16 autocast, checkpointing; "
-          f"{torch.cuda.get_device_name(0)}; TRL {trl_['trl_version']}; medians over "
+    device = device_name(a.device)
+    print(f"\n{s['model']} (random weights), {s['prompts']} prompts x {s['group']} responses, "
+          f"{s['max_new_tokens']} new tokens, {s['updates']} optimizer steps per rollout, bf16 "
+          f"autocast, checkpointing; {device}; TRL {trl_['trl_version']}; medians over "
           f"{len(ours['step_s'])} / {len(trl_['step_s'])} steps\n")
+    memory = "peak GPU memory (GiB)" if a.device == "cuda" else "peak RSS (GiB)"
     for row in ratio_rows(ours, trl_, [("seconds per training step (median)", "step_s", ".2f"),
-                                       ("peak GPU memory (GiB)", "peak_gib", ".1f")]):
+                                       (memory, "peak_gib", ".2f")]):
         print(row)
     print(f"\nspeed-up (TRL step time / ours): {r['speedup_vs_trl']:.2f}x; peak memory ours/TRL: "
           f"{r['peak_memory_ratio']:.2f}")
     (out / "result.json").write_text(json.dumps({"command": "python small_scale/bench_gpu_vs_trl.py "
-                                                 + " ".join(passed), "settings": s, **r,
+                                                 + " ".join(passed), "settings": s,
+                                                 "device": device, **r,
                                                  "ours": ours, "trl": trl_}, indent=1))
     return 0
 

@@ -3,9 +3,12 @@
     python small_scale/gpu_bench.py                       # quick: the three models, writes small_scale/results/gpu.json
     python small_scale/gpu_bench.py --mode full           # 2,048-token responses, one more step
     python small_scale/gpu_bench.py --models qwen3-4b --max-new-tokens 8192 --mode full
+    python small_scale/gpu_bench.py --device cpu          # no GPU: the whole pipeline, tiny model
 
-Needs a CUDA GPU (refuses to run without one: one line, exit code 2). Each model is built from its
-shared config (shared/data/models/<name>/config.json) with random weights and the real Qwen3
+Needs a CUDA GPU for what it is for (without one it stops with one line, exit code 2). With
+--device cpu it runs the same pipeline on the CPU (default model qwen3-tiny, the smoke settings,
+writes runs/gpu_bench_cpu.json): a check that the benchmark works, whose numbers
+say nothing about a GPU. Each model is built from its shared config (shared/data/models/<name>/config.json) with random weights and the real Qwen3
 tokenizer, and trained for --steps training steps of the math task (deepmath_int problems, the
 paper's prompt, rpg-reinforce-urkl with RPG-Style Clip) in a fresh child process, with fp32 master
 weights and bf16 autocast, micro-batches by a token budget (gradient checkpointing for 4B only:
@@ -19,15 +22,18 @@ Modes (explicit flags override them):
            the issue's generation setting (0.6B, batch 32 x 512); meant to finish the three models
            within 5 minutes on one H100 (an estimate: not yet timed on a GPU)
     full   3 steps (2 measured) of 4 x 8 at 2,048 new tokens
+    smoke  2 steps of 2 x 2 at 16 new tokens, one optimizer step (the --device cpu default)
 
 Per model, from the trainer's metrics.jsonl, the first step dropped as warm-up (CUDA kernels,
 allocator) and the median of the rest reported:
     step_time_s           time_step (rollout + scoring + log-probs + update)
     gen_tokens_per_s      generated tokens / rollout seconds
     train_tokens_per_s    response tokens through the optimizer loop / update seconds
-    peak_gpu_mem_gib      max over steps of torch.cuda.max_memory_allocated (reset every step)
+    peak_mem_gib          max over steps of torch.cuda.max_memory_allocated (reset every step);
+                          on a CPU the process's peak RSS
     mfu_step, mfu_generation, mfu_training   model-FLOPs utilization against the GPU's dense
-                          bf16 peak (--peak-tflops, or looked up from the device name):
+                          bf16 peak (--peak-tflops, or looked up from the device name; on a CPU
+                          only with --peak-tflops, else null):
 
         FLOPs(step) = 6 N T_train + 2 N T_logprob + 2 N T_gen
         MFU = FLOPs / (seconds * peak)
@@ -51,19 +57,27 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
+from bench_common import DEVICES, SHARED_MODELS, TINY, device_name, missing_device, model_config
+
 REPO = Path(__file__).resolve().parent.parent
 MODES = {
     "quick": {"steps": 2, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 512},
     "full": {"steps": 3, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 2048},
+    "smoke": {"steps": 2, "prompts": 2, "group": 2, "updates": 1, "max_new_tokens": 16},
 }
+DEFAULTS = {"cuda": {"models": list(SHARED_MODELS), "mode": "quick",
+                     "out": REPO / "small_scale" / "results" / "gpu.json"},
+            "cpu": {"models": [TINY], "mode": "smoke",
+                    "out": Path("runs") / "gpu_bench_cpu.json"}}
 # tokens per forward/backward and activation checkpointing, sized for 80 GB (estimates, to tune on a
 # GPU). 0.6B / 1.7B: weights, gradients and AdamW take 10 / 27 GB, and all activations of 16K / 8K
 # tokens (~1.3 / 2.5 MB per token) fit without recomputation. 4B: fp32 weights 16 GB + gradients
 # 16 GB + AdamW 32 GB leave room only with checkpointed layers: per token the layer inputs
 # (36 x 2560 x 2 B) and one layer's recompute (~76 KB), plus one LM-head chunk (~3 GB).
 # Generation sizes its batch from free memory (--hf-chunk auto).
-MICRO_BATCH_TOKENS = {"qwen3-0.6b": 16384, "qwen3-1.7b": 8192, "qwen3-4b": 4096}
-CHECKPOINTING = {"qwen3-0.6b": False, "qwen3-1.7b": False, "qwen3-4b": True}
+MICRO_BATCH_TOKENS = {"qwen3-0.6b": 16384, "qwen3-1.7b": 8192, "qwen3-4b": 4096, TINY: 4096}
+CHECKPOINTING = {"qwen3-0.6b": False, "qwen3-1.7b": False, "qwen3-4b": True, TINY: False}
 MODELS = list(MICRO_BATCH_TOKENS)
 # dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets
 PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4,
@@ -92,15 +106,19 @@ def step_flops(n_params: int, train_tokens: float, logprob_tokens: float, gen_to
     return out
 
 
-def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
-    """Achieved FLOP/s over the peak: flops / (seconds * peak_tflops * 1e12)."""
+def mfu(flops: float, seconds: float, peak_tflops: float | None) -> float | None:
+    """Achieved FLOP/s over the peak: flops / (seconds * peak_tflops * 1e12); None without a peak."""
+    if peak_tflops is None:
+        return None
     if not (seconds > 0 and peak_tflops > 0):
         raise ValueError(f"need seconds > 0 and peak_tflops > 0, got {seconds}, {peak_tflops}")
     return flops / (seconds * peak_tflops * 1e12)
 
 
-def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float, warmup: int = 1) -> dict:
-    """Benchmark numbers from metrics.jsonl rows: medians over the steps after `warmup`."""
+def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float | None,
+              warmup: int = 1) -> dict:
+    """Benchmark numbers from metrics.jsonl rows: medians over the steps after `warmup` (MFU
+    None without a peak)."""
     rows = rows[warmup:]
     if not rows:
         raise ValueError(f"need more than {warmup} step(s) to report anything")
@@ -121,19 +139,19 @@ def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float, w
             "time_rollout_s": r["time_rollout"], "time_logprob_s": r["time_logprob"],
             "time_update_s": r["time_update"],
         })
-    out = {k: statistics.median(s[k] for s in per_step) for k in per_step[0]}
-    out["peak_gpu_mem_gib"] = max(r["peak_mem_mb"] for r in rows) / 1024
+    out = {k: None if per_step[0][k] is None else statistics.median(s[k] for s in per_step)
+           for k in per_step[0]}
+    out["peak_mem_gib"] = max(r["peak_mem_mb"] for r in rows) / 1024
     out["steps_measured"] = len(rows)
     return out
 
 
 # ---------------------------------------------------------------------------- running
-def train_argv(name: str, args, out: Path) -> list:
-    from rpg_ref.math_data import data_dir
-
+def train_argv(name: str, args, out: Path, config: Path) -> list:
+    """rpg-train's flags for one model (``config``: its config.json)."""
     batch = args.prompts * args.group
-    return ["--task", "math", "--engine", "hf", "--device", "cuda", "--out", str(out),
-            "--math-model", str(data_dir() / "models" / name / "config.json"),
+    return ["--task", "math", "--engine", "hf", "--device", args.device, "--out", str(out),
+            "--math-model", str(config),
             "--math-dtype", "bf16-autocast", "--math-eval-n", "0", "--no-math-export",
             "--math-gradient-checkpointing" if CHECKPOINTING[name] else "--no-math-gradient-checkpointing",
             "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
@@ -144,7 +162,11 @@ def train_argv(name: str, args, out: Path) -> list:
 
 
 def resolve_mode(args) -> None:
-    """Fill the settings not given on the command line from the --mode preset."""
+    """Fill what the command line left out: models, mode and output from the device's defaults
+    (DEFAULTS), then the settings from the --mode preset."""
+    for k, v in DEFAULTS[args.device].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     for k, v in MODES[args.mode].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -157,29 +179,32 @@ def run_one(name: str, args, result_file: Path) -> None:
 
     train.save_checkpoint = lambda *a, **k: None  # benchmark: no 16-48 GB checkpoint writes
     with tempfile.TemporaryDirectory(prefix=f"gpu-bench-{name}-") as tmp:
-        cfg = parse_config(train_argv(name, args, Path(tmp) / "run"))
+        cfg = parse_config(train_argv(name, args, Path(tmp) / "run", model_config(name, Path(tmp))))
         s = train.train(cfg)
         rows = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
-    import torch
-
     res = summarize(rows, s["model_params"], args.prompts * args.group, args.peak_tflops)
-    res.update(params=s["model_params"], raw_steps=rows, device=torch.cuda.get_device_name(0))
+    res.update(params=s["model_params"], raw_steps=rows, device=device_name(args.device))
     result_file.write_text(json.dumps(res))
 
 
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
-    ap.add_argument("--mode", choices=list(MODES), default="quick",
-                    help="preset of the settings below: " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    ap.add_argument("--device", choices=DEVICES, default="cuda",
+                    help="cuda (what it measures) or cpu (the same pipeline: a check that it runs)")
+    ap.add_argument("--models", nargs="+", choices=MODELS,
+                    help=f"default: {' '.join(SHARED_MODELS)} on cuda, {TINY} on cpu")
+    ap.add_argument("--mode", choices=list(MODES), help="preset of the settings below (default: "
+                    "quick on cuda, smoke on cpu): " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
     ap.add_argument("--steps", type=int, help="training steps per model (the first is warm-up)")
     ap.add_argument("--prompts", type=int, help="prompts per step")
     ap.add_argument("--group", type=int, help="responses per prompt")
     ap.add_argument("--updates", type=int, help="optimizer steps per training step")
     ap.add_argument("--max-new-tokens", type=int, help="response length (random weights: always reached)")
     ap.add_argument("--peak-tflops", type=float, default=0.0,
-                    help="the GPU's dense bf16 peak (0 = look it up from the device name)")
-    ap.add_argument("--out", default=str(REPO / "small_scale" / "results" / "gpu.json"))
+                    help="the device's dense bf16 peak in TFLOP/s (0 = look it up from the GPU's "
+                         "name; on a CPU, 0 reports no MFU)")
+    ap.add_argument("--out", help="results file (default: small_scale/results/gpu.json on cuda, "
+                                  "runs/gpu_bench_cpu.json on cpu)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: child process
     ap.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -187,10 +212,8 @@ def main(argv: list | None = None) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_bench: no CUDA GPU is available (torch.cuda.is_available() is False); this "
-              "benchmark measures GPU step time, throughput, MFU and memory and cannot run on a "
-              "CPU-only machine", file=sys.stderr)
+    if (problem := missing_device(args.device)) is not None:
+        print(f"gpu_bench: {problem}", file=sys.stderr)
         return 2
     if args.steps < 2 or args.prompts < 1 or args.group < 2 or args.updates < 1:
         print("gpu_bench: need --steps >= 2 (one warm-up), --prompts >= 1, --group >= 2, "
@@ -200,7 +223,13 @@ def main(argv: list | None = None) -> int:
         print(f"gpu_bench: {args.prompts} x {args.group} responses do not split into "
               f"{args.updates} optimizer steps", file=sys.stderr)
         return 2
-    if not args.peak_tflops:
+    if args.peak_tflops < 0:
+        print(f"gpu_bench: --peak-tflops must be > 0 (or 0: look it up), got {args.peak_tflops}",
+              file=sys.stderr)
+        return 2
+    if not args.peak_tflops and args.device == "cpu":
+        args.peak_tflops = None
+    elif not args.peak_tflops:
         try:
             args.peak_tflops = peak_bf16_tflops(torch.cuda.get_device_name(0))
         except ValueError as e:
@@ -214,7 +243,7 @@ def main(argv: list | None = None) -> int:
     for name in args.models:  # a fresh process per model: clean CUDA memory and peak counters
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                   "--one", name, "--result-file", f.name, "--peak-tflops", str(args.peak_tflops)]
+                   "--one", name, "--result-file", f.name, "--peak-tflops", str(args.peak_tflops or 0)]
             t0 = time.time()
             rc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "0"},
                                 check=False).returncode
@@ -223,15 +252,16 @@ def main(argv: list | None = None) -> int:
                 continue
             results[name] = {**json.loads(Path(f.name).read_text()), "wall_s": time.time() - t0}
         r = results[name]
+        util = "n/a (no --peak-tflops)" if r["mfu_step"] is None else f"{100 * r['mfu_step']:.1f}%"
         print(f"{name}: {r['params'] / 1e9:.2f}B  step {r['step_time_s']:.1f}s  gen "
               f"{r['gen_tokens_per_s']:.0f} tok/s  train {r['train_tokens_per_s']:.0f} tok/s  MFU "
-              f"{100 * r['mfu_step']:.1f}%  peak {r['peak_gpu_mem_gib']:.1f} GiB", flush=True)
+              f"{util}  peak {r['peak_mem_gib']:.1f} GiB", flush=True)
     import transformers
 
     payload = {
         "command": "python small_scale/gpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "train_argv_example": train_argv(args.models[0], args, Path("OUT")),
-        "device": torch.cuda.get_device_name(0), "peak_bf16_tflops": args.peak_tflops,
+        "train_argv_example": train_argv(args.models[0], args, Path("OUT"), Path("CONFIG.json")),
+        "device": device_name(args.device), "peak_bf16_tflops": args.peak_tflops,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "flops_formula": "FLOPs(step) = 6 N T_train + 2 N T_logprob + 2 N T_gen; MFU = FLOPs / "
                          "(seconds * peak); prompt tokens, attention and recompute not counted",

@@ -1,12 +1,17 @@
 """small_scale/gpu_bench.py and small_scale/bench_gpu_vs_trl.py: their arithmetic against
-hand-computed values, the configurations they hand to the trainers, and their refusal to run
-without a GPU (the GPU measurements themselves need a CUDA machine)."""
+hand-computed values, the configurations they hand to the trainers, their refusal to run on a
+missing GPU, and their whole pipeline run end to end with --device cpu on a tiny Qwen3 (the GPU
+measurements themselves need a CUDA machine)."""
 import importlib.util
+import json
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from rpg_ref.math_data import data_dir
 
 SMALL_SCALE = Path(__file__).resolve().parent.parent / "small_scale"
 sys.path.insert(0, str(SMALL_SCALE))  # the benchmarks import their shared helpers, bench_common
@@ -48,7 +53,7 @@ def test_summarize_drops_warmup_and_takes_medians():
     assert s["mfu_step"] == pytest.approx(0.002, rel=1e-14)
     assert s["mfu_generation"] == pytest.approx(0.002, rel=1e-14)
     assert s["mfu_training"] == pytest.approx(0.003, rel=1e-14)
-    assert (s["step_time_s"], s["peak_gpu_mem_gib"], s["steps_measured"]) == (10.0, 3.0, 1)
+    assert (s["step_time_s"], s["peak_mem_gib"], s["steps_measured"]) == (10.0, 3.0, 1)
     with pytest.raises(ValueError, match="more than 1"):
         gb.summarize([warm], 10**9, 4, 1000.0)
 
@@ -78,23 +83,31 @@ def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
     cli = pytest.importorskip("rpg_ref.cli")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the flags, not this machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args = gb.argparse.Namespace(mode="quick", prompts=None, group=None, updates=None, steps=None,
-                                 max_new_tokens=1024)
+    args = gb.argparse.Namespace(device="cuda", models=None, out=None, mode=None, prompts=None,
+                                 group=None, updates=None, steps=None, max_new_tokens=1024)
     gb.resolve_mode(args)
+    assert args.models == ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"] and args.mode == "quick"
     assert (args.prompts, args.group, args.updates, args.steps, args.max_new_tokens) == (4, 8, 2, 2, 1024)
-    cfg = cli.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o"))
+    cfg = cli.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o",
+                                          bench_common.model_config("qwen3-4b", tmp_path)))
     assert (cfg.task, cfg.engine, cfg.max_new_tokens, cfg.device) == ("math", "hf", 1024, "cuda")
     assert cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size == 2
     assert (cfg.micro_batch_size, cfg.micro_batch_tokens) == (0, gb.MICRO_BATCH_TOKENS["qwen3-4b"])
     o = cfg.task_options
     assert (o["dtype"], o["gradient_checkpointing"], o["export"], o["eval_n"]) == ("bf16-autocast", True, False, 0)
     assert o["model"].endswith("models/qwen3-4b/config.json") and cfg.engine_options["chunk"] == "auto"
-    small = cli.parse_config(gb.train_argv("qwen3-0.6b", args, tmp_path / "s"))
+    small = cli.parse_config(gb.train_argv("qwen3-0.6b", args, tmp_path / "s",
+                                            bench_common.model_config("qwen3-0.6b", tmp_path)))
     assert not small.task_options["gradient_checkpointing"] and small.micro_batch_tokens == 16384
-    full = gb.argparse.Namespace(mode="full", prompts=None, group=None, updates=None, steps=None,
-                                 max_new_tokens=None)
+    full = gb.argparse.Namespace(device="cuda", models=None, out=None, mode="full", prompts=None,
+                                 group=None, updates=None, steps=None, max_new_tokens=None)
     gb.resolve_mode(full)
     assert (full.steps, full.max_new_tokens) == (3, 2048)
+    cpu = gb.argparse.Namespace(device="cpu", models=None, out=None, mode=None, prompts=None,
+                                group=None, updates=None, steps=None, max_new_tokens=None)
+    gb.resolve_mode(cpu)
+    assert (cpu.models, cpu.mode, cpu.steps, cpu.max_new_tokens) == (["qwen3-tiny"], "smoke", 2, 16)
+    assert Path(cpu.out).name == "gpu_bench_cpu.json"
 
 
 # ------------------------------------------------------------------------------------------
@@ -103,7 +116,7 @@ def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
 _spec2 = importlib.util.spec_from_file_location("bench_gpu_vs_trl", SMALL_SCALE / "bench_gpu_vs_trl.py")
 vs = importlib.util.module_from_spec(_spec2)
 _spec2.loader.exec_module(vs)
-SETTINGS = {"model": "qwen3-0.6b", "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 256,
+SETTINGS = {"device": "cuda", "model": "qwen3-0.6b", "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 256,
             "steps": 4, "beta": 1e-4, "lr": 1e-6, "seed": 0}
 
 
@@ -157,3 +170,62 @@ def test_gpu_vs_trl_refuses_without_a_gpu(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no CUDA GPU is available" in err
     assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# both benchmarks end to end on the CPU (--device cpu): the pipeline a GPU session will run
+# ------------------------------------------------------------------------------------------
+_NEEDED = [data_dir() / "models" / "qwen3-0.6b" / "config.json", data_dir() / "tokenizer" / "qwen3",
+           data_dir() / "train" / "deepmath_int.jsonl"]
+needs_data = pytest.mark.skipif(
+    not all(p.exists() for p in _NEEDED),
+    reason=f"shared data absent ({', '.join(str(p) for p in _NEEDED if not p.exists())}): set "
+    f"RPG_DATA_DIR to the folder holding models/, tokenizer/ and train/")
+
+
+@needs_data
+def test_gpu_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
+    """`gpu_bench.py --device cpu` trains qwen3-tiny for the smoke mode's 2 steps in a child
+    process and writes its results file: the command, the CPU as device, the smoke settings, and
+    per-step numbers that agree with each other: the measured step's generated tokens
+    (gen_tokens_per_s x time_rollout) are the batch's 2 x 2 responses x response_len, and with
+    --peak-tflops 0.5 the step MFU is the hand formula (6 N T_train + 2 N T_logprob + 2 N T_gen)
+    / (time_step x 0.5e12) on that step's raw metrics."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpu_bench_cpu.json"
+    assert gb.main(["--device", "cpu", "--peak-tflops", "0.5", "--out", str(out)]) == 0
+    assert "qwen3-tiny:" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["device"].startswith("CPU") and d["mode"] == "smoke" and "--device cpu" in d["command"]
+    assert d["settings"] == {"steps": 2, "prompts": 2, "group": 2, "updates": 1, "max_new_tokens": 16}
+    r = d["models"]["qwen3-tiny"]
+    assert r["steps_measured"] == 1 and len(r["raw_steps"]) == 2
+    step = r["raw_steps"][1]  # the measured one (the first is warm-up)
+    assert 1 <= step["response_len"] <= 16
+    gen = step["gen_tokens_per_s"] * step["time_rollout"]
+    assert gen == pytest.approx(4 * step["response_len"], rel=1e-6)
+    n = r["params"]
+    trained = step["train_tokens_per_s"] * step["time_update"]
+    assert trained == pytest.approx(4 * step["response_len"], rel=1e-6)  # one optimizer step, one epoch
+    flops = 6 * n * trained + 2 * n * 4 * step["response_len"] + 2 * n * gen
+    assert r["mfu_step"] == pytest.approx(flops / (step["time_step"] * 0.5e12), rel=1e-9)
+    assert r["step_time_s"] == step["time_step"] and r["peak_mem_gib"] > 0
+
+
+@needs_data
+def test_gpu_vs_trl_runs_end_to_end_on_cpu(tmp_path, capsys):
+    """`bench_gpu_vs_trl.py --device cpu` runs both trainers on qwen3-tiny, each in its own
+    process, at the same settings (TRL with beta > 0 and its reference model), and its headline
+    ratios are those of the workers' own measurements: speed-up = median(TRL step seconds) /
+    median(rpg-train step seconds), memory = peak RSS ours / TRL's, over the 2 steps after
+    warm-up."""
+    pytest.importorskip("trl", reason="TRL is the peer of this benchmark: pip install 'rpg-ref[bench]'")
+    pytest.importorskip("datasets")
+    assert vs.main(["--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert "speed-up (TRL step time / ours)" in capsys.readouterr().out
+    r = json.loads((tmp_path / "qwen3-tiny-cpu" / "result.json").read_text())
+    assert r["settings"]["device"] == "cpu" and r["device"].startswith("CPU")
+    assert len(r["ours"]["step_s"]) == len(r["trl"]["step_s"]) == 2
+    assert r["speedup_vs_trl"] == statistics.median(r["trl"]["step_s"]) / statistics.median(r["ours"]["step_s"])
+    assert r["peak_memory_ratio"] == r["ours"]["peak_gib"] / r["trl"]["peak_gib"]
+    assert all(t > 0 for t in r["ours"]["step_s"] + r["trl"]["step_s"])

@@ -182,6 +182,56 @@ def test_compiled_decode_step_samples_what_the_eager_one_samples():
     assert diff < 1e-5
 
 
+def test_a_reused_static_cache_decodes_what_a_fresh_one_decodes():
+    """float64: a StaticCache that already decoded one batch, emptied and reused for a second batch
+    of other prompts (other lengths), gives the second batch the tokens and log-probs a fresh cache
+    gives it from the same seed (nothing of the first batch leaks); a reused cache too short for
+    the prompts is refused."""
+    from transformers import StaticCache
+
+    policy = tiny_qwen3()
+    first, second = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], [[9], [3, 3, 3, 3, 3], [2, 7]]
+    fresh = {}
+    torch.manual_seed(3)
+    fresh = decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8, cache_len=32)
+    cache = StaticCache(config=policy.config, max_cache_len=32)
+    decode(policy, policy, first, PAD, EOS, 1.0, 1.0, 8, cache_len=32, cache=cache)
+    torch.manual_seed(3)
+    reused = decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8, cache_len=32, cache=cache)
+    assert torch.equal(reused[0], fresh[0])
+    assert torch.allclose(reused[1], fresh[1], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="cache_len=8 slots; these prompts need 13"):
+        decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8, cache_len=8, cache=cache)
+
+
+def test_compiled_rollout_calls_have_one_batch_shape_and_one_cache(monkeypatch):
+    """--hf-compile on, --hf-chunk 2, 5 sequences: three decode calls, the last padded to 2
+    sequences, all with the same StaticCache object, so the decode step is compiled once (one
+    dynamo graph: a batch of 1 would compile a second) and, on a GPU, its CUDA graph recorded
+    once; the padding's samples are dropped (5 responses come back)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from rpg_ref.engines import hf
+
+    calls = []
+    real_decode = hf.decode
+
+    def recording_decode(model, step, prompts, *args, cache=None, **kw):
+        calls.append((len(prompts), cache))
+        return real_decode(model, step, prompts, *args, cache=cache, **kw)
+
+    monkeypatch.setattr(hf, "decode", recording_decode)
+    torch._dynamo.reset()
+    graphs_before = counters["stats"]["unique_graphs"]
+    e = engine(tiny_qwen3(dtype=torch.float32), eos=None, compile="on", chunk="2")
+    out = e.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9], [2], [5, 5]], 1, 1.0, 1.0, 4)
+    assert [len(r) for r in out.responses] == [4] * 5 and len(out.logprobs) == 5
+    assert [b for b, _ in calls] == [2, 2, 2]
+    assert calls[0][1] is not None and all(c is calls[0][1] for _, c in calls)
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+
+
 # ------------------------------------------------------------------------------------------
 # the bf16 copy of the weights
 # ------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@
             compiled with torch.compile (mode "reduce-overhead": CUDA graphs); the prompt pass
             runs eagerly. Not compiled: a DynamicCache, which attends to the filled slots only.
   batching  --hf-chunk sequences per call: auto (on CUDA as many as free memory holds, else all),
-            0 (all) or a number.
+            0 (all) or a number. Compiled, every call of a rollout has that batch size (the last
+            one is padded with copies of a prompt whose samples are dropped) and reuses one
+            StaticCache: one shape and one set of cache addresses, so the step is neither
+            recompiled nor its CUDA graph re-recorded from call to call.
   stopping  a call ends as soon as every sequence has emitted EOS.
   sampling  rpg_ref.engines.sample.sample_next (temperature, top-p), and the sampler's log-prob of
             each sampled token, log softmax(logits / temperature), which the trainer compares
@@ -118,13 +121,14 @@ def _fp32_or_wider(logits: Tensor) -> Tensor:
 
 @torch.no_grad()
 def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperature: float,
-           top_p: float, max_new_tokens: int, cache_len: int = 0, static: bool = True):
+           top_p: float, max_new_tokens: int, cache_len: int = 0, static: bool = True, cache=None):
     """Sample up to max_new_tokens after each prompt: (tokens [B, T], sampler log-probs [B, T]),
     pad after EOS. ``model`` runs the prompt pass, ``step`` (the same module, maybe compiled) the
     one-token decode steps. Prompts are left-padded to P; the t-th new token goes to cache slot
     P + t. ``static``: a StaticCache of cache_len >= P + max_new_tokens slots, so that every decode
     step has the same shapes (what a compiled step needs); else a DynamicCache that grows by one
-    slot per step (less attention work without compilation)."""
+    slot per step (less attention work without compilation). ``cache``: a StaticCache of
+    cache_len slots from an earlier call of the same batch size, emptied and reused."""
     from transformers import DynamicCache, StaticCache
 
     dev = next(model.parameters()).device
@@ -132,7 +136,13 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
     (B, P), L = ids.shape, max(cache_len, ids.shape[1] + max_new_tokens)
     config = model.config
     kernel, dtype = config._attn_implementation, next(model.parameters()).dtype
-    cache = StaticCache(config=config, max_cache_len=L) if static else DynamicCache()
+    if cache is not None:  # slots >= P + t are masked anyway; reset also rewinds the write position
+        if not static or L != cache_len:
+            raise ValueError(f"a reused StaticCache holds cache_len={cache_len} slots; these "
+                             f"prompts need {L}")
+        cache.reset()
+    else:
+        cache = StaticCache(config=config, max_cache_len=L) if static else DynamicCache()
     old_api = _takes_cache_position(model)
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
@@ -287,10 +297,18 @@ class HFEngine:
         responses, logprobs = [], [] if record else None
         was_training = self.policy.training
         self.policy.eval()
+        cache = None  # compiled: one StaticCache for every call of this rollout
         for s in range(0, len(flat), size):
-            toks, lps = decode(sampler, step, flat[s : s + size], self.task.pad_id, self.task.eos_id,
-                               temperature, top_p, max_new_tokens, cache_len, static=self.compiled)
-            for row, lp in zip(toks.tolist(), lps.tolist()):
+            chunk = flat[s : s + size]
+            real = len(chunk)
+            if self.compiled:  # one batch shape per rollout: pad, and drop the padding's samples
+                from transformers import StaticCache
+
+                chunk = chunk + [chunk[0]] * (size - real)
+                cache = cache or StaticCache(config=sampler.config, max_cache_len=cache_len)
+            toks, lps = decode(sampler, step, chunk, self.task.pad_id, self.task.eos_id, temperature,
+                               top_p, max_new_tokens, cache_len, static=self.compiled, cache=cache)
+            for row, lp in zip(toks[:real].tolist(), lps[:real].tolist()):
                 r = cut_at_eos(row, self.task.eos_id)
                 responses.append(r)
                 if record:
