@@ -297,15 +297,16 @@ class HFEngine:
         responses, logprobs = [], [] if record else None
         was_training = self.policy.training
         self.policy.eval()
-        cache = None  # compiled: one StaticCache for every call of this rollout
+        cache = None
+        if self.compiled:  # one StaticCache for every call of this rollout (module docstring)
+            from transformers import StaticCache
+
+            cache = StaticCache(config=sampler.config, max_cache_len=cache_len)
         for s in range(0, len(flat), size):
             chunk = flat[s : s + size]
             real = len(chunk)
             if self.compiled:  # one batch shape per rollout: pad, and drop the padding's samples
-                from transformers import StaticCache
-
                 chunk = chunk + [chunk[0]] * (size - real)
-                cache = cache or StaticCache(config=sampler.config, max_cache_len=cache_len)
             toks, lps = decode(sampler, step, chunk, self.task.pad_id, self.task.eos_id, temperature,
                                top_p, max_new_tokens, cache_len, static=self.compiled, cache=cache)
             for row, lp in zip(toks[:real].tolist(), lps[:real].tolist()):
