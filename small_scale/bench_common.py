@@ -19,22 +19,18 @@ DEVICES = ("cuda", "cpu")
 
 
 def model_config(name: str, folder: Path) -> Path:
-    """config.json of a benchmark model: one of shared/data/models (SHARED_MODELS), or TINY,
-    Qwen3-0.6B's config shrunk to 2 layers of width 64 (about 10M parameters, 9.7M of them the
-    embedding; the real vocabulary, so the real tokenizer and chat template work), written into
-    ``folder``: the model a CPU runs the GPU benchmarks' whole pipeline with in seconds."""
-    from rpg_ref.math_data import data_dir
+    """config.json of a benchmark model: one of shared/data/models (SHARED_MODELS), or TINY
+    (rpg_ref.math_data.tiny_qwen3_config) written into ``folder``: the model a CPU runs the GPU
+    benchmarks' whole pipeline with in seconds."""
+    from rpg_ref.math_data import data_dir, tiny_qwen3_config
 
     if name in SHARED_MODELS:
         return data_dir() / "models" / name / "config.json"
     if name != TINY:
         raise ValueError(f"unknown benchmark model {name!r}: one of {(*SHARED_MODELS, TINY)}")
-    d = json.loads((data_dir() / "models" / "qwen3-0.6b" / "config.json").read_text())
-    d.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32, intermediate_size=128)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{TINY}.json"
-    path.write_text(json.dumps(d))
+    path.write_text(json.dumps(tiny_qwen3_config()))
     return path
 
 

@@ -6,7 +6,7 @@ from fractions import Fraction
 import pytest
 
 from rpg_ref import evaluation as ev
-from rpg_ref.math_data import data_dir, load_problems
+from rpg_ref.math_data import data_dir, load_problems, tiny_qwen3_config
 
 
 # --------------------------------------------------------------------------- estimators
@@ -101,9 +101,7 @@ def _tiny_qwen3(tmp_path):
     _need(tok_dir)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
-    cfg = json.loads(cfg_path.read_text())
-    cfg.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
-               num_key_value_heads=1, head_dim=32, intermediate_size=128, torch_dtype="float32")
+    cfg = {**tiny_qwen3_config(), "torch_dtype": "float32"}
     cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen3Config(**cfg))

@@ -16,7 +16,7 @@ pytest.importorskip("safetensors")
 
 from rpg_ref import cli
 from rpg_ref.interfaces import Prompt
-from rpg_ref.math_data import data_dir
+from rpg_ref.math_data import data_dir, tiny_qwen3_config
 
 CONFIG = data_dir() / "models" / "qwen3-0.6b" / "config.json"
 TOKENIZER = data_dir() / "tokenizer" / "qwen3"
@@ -30,13 +30,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> str:
-    """Qwen3-0.6B's config shrunk to 2 layers, width 64 (about 10M parameters, 9.7M of them the
-    embedding): the real vocabulary, so the real tokenizer and chat template work."""
-    d = json.loads(CONFIG.read_text())
-    d.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    """rpg_ref.math_data.tiny_qwen3_config: Qwen3-0.6B's config shrunk to 2 layers, width 64,
+    with the real vocabulary, so the real tokenizer and chat template work."""
     path = tmp_path_factory.mktemp("tiny") / "tiny-qwen3.json"
-    path.write_text(json.dumps(d))
+    path.write_text(json.dumps(tiny_qwen3_config()))
     return str(path)
 
 
