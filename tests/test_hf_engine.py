@@ -81,12 +81,15 @@ def test_static_cache_decodes_what_the_dynamic_cache_decodes():
     """float64: the static KV cache of the compiled path (fixed-length key buffers, 64 slots, most
     of them masked) and the growing dynamic cache of the eager path give the same tokens from the
     same seed and log-probs equal to 1e-12, with left-padded prompts of different lengths."""
+    from transformers import StaticCache
+
     policy = tiny_qwen3(sharpen=3.0)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]] * 2
     out = {}
     for static in (False, True):
         torch.manual_seed(0)
-        out[static] = decode(policy, policy, prompts, PAD, EOS, 1.0, 1.0, 8, cache_len=64, static=static)
+        cache = StaticCache(config=policy.config, max_cache_len=64) if static else None
+        out[static] = decode(policy, policy, prompts, PAD, EOS, 1.0, 1.0, 8, cache=cache, cache_len=64)
     assert torch.equal(out[True][0], out[False][0])
     assert (out[True][1] - out[False][1]).abs().max() < 1e-12
 
@@ -191,16 +194,16 @@ def test_a_reused_static_cache_decodes_what_a_fresh_one_decodes():
 
     policy = tiny_qwen3()
     first, second = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], [[9], [3, 3, 3, 3, 3], [2, 7]]
-    fresh = {}
     torch.manual_seed(3)
-    fresh = decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8, cache_len=32)
+    fresh = decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8,
+                   cache=StaticCache(config=policy.config, max_cache_len=32), cache_len=32)
     cache = StaticCache(config=policy.config, max_cache_len=32)
     decode(policy, policy, first, PAD, EOS, 1.0, 1.0, 8, cache_len=32, cache=cache)
     torch.manual_seed(3)
     reused = decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8, cache_len=32, cache=cache)
     assert torch.equal(reused[0], fresh[0])
     assert torch.allclose(reused[1], fresh[1], rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match="cache_len=8 slots; these prompts need 13"):
+    with pytest.raises(ValueError, match="cache_len=8 slots; these prompts need 13"):  # 5 + 8
         decode(policy, policy, second, PAD, EOS, 1.0, 1.0, 8, cache_len=8, cache=cache)
 
 

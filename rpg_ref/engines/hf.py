@@ -121,28 +121,30 @@ def _fp32_or_wider(logits: Tensor) -> Tensor:
 
 @torch.no_grad()
 def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperature: float,
-           top_p: float, max_new_tokens: int, cache_len: int = 0, static: bool = True, cache=None):
+           top_p: float, max_new_tokens: int, cache=None, cache_len: int = 0):
     """Sample up to max_new_tokens after each prompt: (tokens [B, T], sampler log-probs [B, T]),
     pad after EOS. ``model`` runs the prompt pass, ``step`` (the same module, maybe compiled) the
     one-token decode steps. Prompts are left-padded to P; the t-th new token goes to cache slot
-    P + t. ``static``: a StaticCache of cache_len >= P + max_new_tokens slots, so that every decode
-    step has the same shapes (what a compiled step needs); else a DynamicCache that grows by one
-    slot per step (less attention work without compilation). ``cache``: a StaticCache of
-    cache_len slots from an earlier call of the same batch size, emptied and reused."""
-    from transformers import DynamicCache, StaticCache
+    P + t. ``cache``: a StaticCache of cache_len >= P + max_new_tokens slots for this batch size
+    (emptied first, so one can serve call after call), so that every decode step has the same
+    shapes (what a compiled step needs); None: a DynamicCache that grows by one slot per step
+    (less attention work without compilation)."""
+    from transformers import DynamicCache
 
     dev = next(model.parameters()).device
     ids, am = left_pad(prompts, pad_id, dev)  # [B, P]
-    (B, P), L = ids.shape, max(cache_len, ids.shape[1] + max_new_tokens)
+    B, P = ids.shape
+    static = cache is not None
+    L = cache_len if static else P + max_new_tokens  # cache slots
     config = model.config
     kernel, dtype = config._attn_implementation, next(model.parameters()).dtype
-    if cache is not None:  # slots >= P + t are masked anyway; reset also rewinds the write position
-        if not static or L != cache_len:
-            raise ValueError(f"a reused StaticCache holds cache_len={cache_len} slots; these "
-                             f"prompts need {L}")
+    if static:  # slots >= P + t are masked anyway; reset also rewinds the write position
+        if cache_len < P + max_new_tokens:
+            raise ValueError(f"a StaticCache of cache_len={cache_len} slots; these prompts need "
+                             f"{P + max_new_tokens}")
         cache.reset()
     else:
-        cache = StaticCache(config=config, max_cache_len=L) if static else DynamicCache()
+        cache = DynamicCache()
     old_api = _takes_cache_position(model)
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
@@ -308,7 +310,7 @@ class HFEngine:
             if self.compiled:  # one batch shape per rollout: pad, and drop the padding's samples
                 chunk = chunk + [chunk[0]] * (size - real)
             toks, lps = decode(sampler, step, chunk, self.task.pad_id, self.task.eos_id, temperature,
-                               top_p, max_new_tokens, cache_len, static=self.compiled, cache=cache)
+                               top_p, max_new_tokens, cache=cache, cache_len=cache_len)
             for row, lp in zip(toks[:real].tolist(), lps[:real].tolist()):
                 r = cut_at_eos(row, self.task.eos_id)
                 responses.append(r)
