@@ -7,15 +7,16 @@
 
 Needs a CUDA GPU for what it is for (without one it stops with one line, exit code 2). With
 --device cpu it runs the same pipeline on the CPU (default model qwen3-tiny, the smoke settings,
-writes runs/gpu_bench_cpu.json): a check that the benchmark works, whose numbers
-say nothing about a GPU. Each model is built from its shared config (shared/data/models/<name>/config.json) with random weights and the real Qwen3
-tokenizer, and trained for --steps training steps of the math task (deepmath_int problems, the
-paper's prompt, rpg-reinforce-urkl with RPG-Style Clip) in a fresh child process, with fp32 master
-weights and bf16 autocast, micro-batches by a token budget (gradient checkpointing for 4B only:
-CHECKPOINTING below), the LM head in chunks, and the HF engine (a bf16 copy of the weights, a static KV cache, a CUDA-graph decode step,
-as many sequences per call as memory holds). Random weights almost never emit EOS, so every
-response runs to --max-new-tokens. Checkpoints, the HF export and evaluation are switched off
-(they are not what is measured, and a 4B checkpoint with its AdamW state is 48 GB of disk).
+writes runs/gpu_bench_cpu.json): a check that the benchmark works, whose numbers say nothing about
+a GPU. Each model is built from its shared config (shared/data/models/<name>/config.json) with
+random weights and the real Qwen3 tokenizer, and trained for --steps training steps of the math
+task (deepmath_int problems, the paper's prompt, rpg-reinforce-urkl with RPG-Style Clip) in a fresh
+child process, with fp32 master weights and bf16 autocast, micro-batches by a token budget
+(gradient checkpointing for 4B only: CHECKPOINTING below), the LM head in chunks, and the HF engine
+(a bf16 copy of the weights, a static KV cache, a CUDA-graph decode step, as many sequences per
+call as memory holds). Random weights almost never emit EOS, so every response runs to
+--max-new-tokens. Checkpoints, the HF export and evaluation are switched off (they are not what is
+measured, and a 4B checkpoint with its AdamW state is 48 GB of disk).
 
 Modes (explicit flags override them):
     quick  2 steps (1 measured) of 4 prompts x 8 responses, 512 new tokens, 2 optimizer steps:
