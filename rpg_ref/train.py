@@ -58,10 +58,10 @@ from rpg_ref.registry import ENGINES, TASKS, resolve
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float) -> Tensor:
     """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -penalty at
-    max_len (penalty times rpg_ref.math_reward.overlong_penalty, the one implementation)."""
+    max_len (penalty times rpg_ref.math.reward.overlong_penalty, the one implementation)."""
     if buffer == 0:
         return torch.zeros_like(lengths, dtype=torch.float)
-    from rpg_ref.math_reward import overlong_penalty as r_length  # lazy: that module imports sympy
+    from rpg_ref.math.reward import overlong_penalty as r_length  # lazy: that module imports sympy
 
     r = [penalty * r_length(n, max_len, buffer) for n in lengths.tolist()]
     return torch.tensor(r, dtype=torch.float, device=lengths.device)  # [N]

@@ -16,7 +16,7 @@ Both trainers get:
     and saved in fp32 with save_pretrained, with the shared Qwen3 tokenizer;
   - the same problems: the first prompts x (steps + 1) deepmath_int problems, through the chat
     template with the paper's "Answer:" instruction (rpg-train reads them as its training set;
-    TRL gets the templated text), and the same answer checker as reward (rpg_ref.math_reward);
+    TRL gets the templated text), and the same answer checker as reward (rpg_ref.math.reward);
   - the same batch (--prompts x --group responses per rollout), response length
     (--max-new-tokens; random weights never emit EOS, so every response has that length),
     --updates optimizer steps per rollout batch, lr 1e-6, temperature 1, top-p 1;
@@ -126,7 +126,7 @@ def prepare(s: dict, out: Path) -> tuple[Path, Path]:
     import torch
     from transformers import AutoTokenizer
 
-    from rpg_ref.math_data import data_dir, load_problems
+    from rpg_ref.math.data import data_dir, load_problems
     from rpg_ref.tasks.math import load_hf_model
 
     model_dir, problems = out / "model", out / "problems.jsonl"
@@ -158,8 +158,8 @@ def run_trl(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rpg_ref.math_data import load_problems
-    from rpg_ref.math_reward import MathReward, chat_prompt
+    from rpg_ref.math.data import load_problems
+    from rpg_ref.math.reward import MathReward, chat_prompt
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     data = [{"prompt": chat_prompt(tok, p.problem), "answer": p.answer}

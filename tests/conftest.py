@@ -1,7 +1,13 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and small_scale/ on the import path: the tests import the benchmarks'
+shared module, small_scale/bench_common.py (its tiny Qwen3 is the tests' model too)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "small_scale"))
 
 
 @pytest.fixture

@@ -1,12 +1,12 @@
 """The public answer-format set (tests/data/answer_formats.jsonl): realistic responses in the
 paper's format and the others models write, with expected verdicts, scored by the reward with
-each backend (`python -m rpg_ref.answer_formats` prints the same numbers per category)."""
+each backend (`python -m rpg_ref.math.answer_formats` prints the same numbers per category)."""
 import json
 
 import pytest
 
-from rpg_ref import answer_formats as af
-from rpg_ref import math_reward as mr
+from rpg_ref.math import answer_formats as af
+from rpg_ref.math import reward as mr
 
 CASES = af.load_cases(af.DEFAULT_SET)
 BACKENDS = ["normalizer"] + (["math_verify"] if mr.math_verify_available() else [])

@@ -4,9 +4,10 @@ import math
 from fractions import Fraction
 
 import pytest
+from bench_common import tiny_qwen3_config  # small_scale/ (on the path: tests/conftest.py)
 
-from rpg_ref import evaluation as ev
-from rpg_ref.math_data import data_dir, load_problems, tiny_qwen3_config
+from rpg_ref.math import evaluation as ev
+from rpg_ref.math.data import data_dir, load_problems
 
 
 # --------------------------------------------------------------------------- estimators
@@ -71,7 +72,7 @@ def test_evaluate_sets_scores_decoded_responses():
     _need(data_dir() / "eval" / "aime24.jsonl")
     from transformers import AutoTokenizer
 
-    from rpg_ref.math_reward import AnswerChecker
+    from rpg_ref.math.reward import AnswerChecker
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     problems = load_problems("aime24", limit=2)
     assert [p.answer for p in problems] == ["204", "113"]

@@ -5,17 +5,15 @@ measurements themselves need a CUDA machine)."""
 import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
+import bench_common  # small_scale/ is on the path (tests/conftest.py)
 import pytest
 import torch
 
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 SMALL_SCALE = Path(__file__).resolve().parent.parent / "small_scale"
-sys.path.insert(0, str(SMALL_SCALE))  # the benchmarks import their shared helpers, bench_common
-import bench_common
 
 _spec = importlib.util.spec_from_file_location(
     "gpu_bench", Path(__file__).resolve().parent.parent / "small_scale" / "gpu_bench.py")

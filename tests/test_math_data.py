@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rpg_ref import math_data as md
+from rpg_ref.math import data as md
 
 
 def _need_data():

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from rpg_ref import math_reward as mr
-from rpg_ref.math_data import data_dir, load_problems
-from rpg_ref.math_normalize import (
+from rpg_ref.math import reward as mr
+from rpg_ref.math.data import data_dir, load_problems
+from rpg_ref.math.normalize import (
     answers_equal,
     canonical,
     comparable_pair,

@@ -14,9 +14,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from bench_common import tiny_qwen3_config  # small_scale/ (on the path: tests/conftest.py)
+
 from rpg_ref import cli
 from rpg_ref.interfaces import Prompt
-from rpg_ref.math_data import data_dir, tiny_qwen3_config
+from rpg_ref.math.data import data_dir
 
 CONFIG = data_dir() / "models" / "qwen3-0.6b" / "config.json"
 TOKENIZER = data_dir() / "tokenizer" / "qwen3"
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> str:
-    """rpg_ref.math_data.tiny_qwen3_config: Qwen3-0.6B's config shrunk to 2 layers, width 64,
+    """small_scale/bench_common.py's tiny_qwen3_config: Qwen3-0.6B's config shrunk to 2 layers, width 64,
     with the real vocabulary, so the real tokenizer and chat template work."""
     path = tmp_path_factory.mktemp("tiny") / "tiny-qwen3.json"
     path.write_text(json.dumps(tiny_qwen3_config()))
@@ -82,7 +84,7 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     command rebuilds the same weights from the trainer checkpoint."""
     from safetensors.torch import load_file
 
-    from rpg_ref import evaluation
+    from rpg_ref.math import evaluation
     from rpg_ref.tasks.math import main as math_task_main
 
     out = tmp_path / "run"
@@ -141,7 +143,7 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
     seed -> same draw); each prompt is the chat template of the paper's instruction + problem +
     reminder, ending with Qwen3's non-thinking assistant header; --math-prompt boxed gives the
     \\boxed{} variant and --math-enable-thinking drops the empty think block."""
-    from rpg_ref.math_reward import PAPER_INSTRUCTION, PAPER_REMINDER
+    from rpg_ref.math.reward import PAPER_INSTRUCTION, PAPER_REMINDER
     from rpg_ref.tasks.math import MathTask
 
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0"), torch.device("cpu"))

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 _spec = importlib.util.spec_from_file_location(
     "memory_budget", Path(__file__).resolve().parent.parent / "small_scale" / "memory_budget.py")

@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("safetensors")
 
 from rpg_ref import cli, config
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress"]
 VOLATILE = ("time_", "_per_s", "peak_mem_mb")

@@ -1,6 +1,6 @@
 """Score the public answer-format set (realistic responses with expected verdicts) with the reward.
 
-    python -m rpg_ref.answer_formats [tests/data/answer_formats.jsonl] [--backend B ...]
+    python -m rpg_ref.math.answer_formats [tests/data/answer_formats.jsonl] [--backend B ...]
 
 Each JSONL row: id, category, style ("answer" or "boxed"), thinking (bool: the prompt had thinking
 on), response, gold, expected ("correct" or "wrong") and the reason; long degenerate responses are
@@ -18,9 +18,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from rpg_ref.math_reward import BACKENDS, STYLES, AnswerChecker, math_verify_available
+from rpg_ref.math.reward import BACKENDS, STYLES, AnswerChecker, math_verify_available
 
-DEFAULT_SET = Path(__file__).resolve().parent.parent / "tests" / "data" / "answer_formats.jsonl"
+DEFAULT_SET = Path(__file__).resolve().parents[2] / "tests" / "data" / "answer_formats.jsonl"
 FIELDS = ("id", "category", "style", "thinking", "response", "gold", "expected", "reason")
 
 
@@ -81,7 +81,7 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rpg_ref.answer_formats", description=__doc__.split(
+    ap = argparse.ArgumentParser(prog="python -m rpg_ref.math.answer_formats", description=__doc__.split(
         "\n")[0])
     ap.add_argument("path", nargs="?", default=str(DEFAULT_SET), help="answer-format JSONL")
     ap.add_argument("--backend", nargs="+", choices=BACKENDS[1:], default=None,

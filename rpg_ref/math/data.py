@@ -39,17 +39,7 @@ def data_dir() -> Path:
     env = os.environ.get("RPG_DATA_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-
-
-def tiny_qwen3_config() -> dict:
-    """Qwen3-0.6B's shared config shrunk to 2 layers of width 64 (about 10M parameters, 9.7M of
-    them the embedding): the real vocabulary, so the real tokenizer and chat template work. The
-    model that checks a pipeline on a CPU in seconds (tests, the GPU benchmarks' --device cpu)."""
-    d = json.loads((data_dir() / "models" / "qwen3-0.6b" / "config.json").read_text())
-    d.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32, intermediate_size=128)
-    return d
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def resolve(spec: str) -> Path:

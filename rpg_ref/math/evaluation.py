@@ -105,8 +105,8 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, temperature:
 def evaluate_sets(generate_fn, tokenizer, sets: dict, n: int, ks: Sequence[int], style: str,
                   enable_thinking: bool, checker) -> tuple[dict, dict]:
     """Generate n responses per problem with `generate_fn(prompt_ids_list, n) -> token id lists`,
-    score them with `checker` (math_reward.AnswerChecker) and summarize per set."""
-    from rpg_ref.math_reward import chat_prompt_ids
+    score them with `checker` (rpg_ref.math.reward.AnswerChecker) and summarize per set."""
+    from rpg_ref.math.reward import chat_prompt_ids
     results, details = {}, {}
     for name, problems in sets.items():
         prompts = [chat_prompt_ids(tokenizer, p.problem, style, enable_thinking) for p in problems]
@@ -114,7 +114,7 @@ def evaluate_sets(generate_fn, tokenizer, sets: dict, n: int, ks: Sequence[int],
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
         golds = [p.answer for p in problems for _ in range(n)]
         # extraction runs with the check, in the time-limited worker; thinking on and no </think>
-        # means no answer (rpg_ref.math_reward.answer_region)
+        # means no answer (rpg_ref.math.reward.answer_region)
         ok, preds = checker.check_responses(texts, golds, style, enable_thinking)
         rows = [ok[i * n:(i + 1) * n] for i in range(len(problems))]
         results[name] = summarize(rows, ks)
@@ -175,7 +175,7 @@ def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _validate(args)
-        from rpg_ref.math_data import load_problems
+        from rpg_ref.math.data import load_problems
         sets = {}
         for spec in args.data:
             problems = load_problems(spec, limit=args.limit)
@@ -186,7 +186,7 @@ def main(argv: list | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from rpg_ref.math_reward import AnswerChecker
+    from rpg_ref.math.reward import AnswerChecker
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     t0 = time.time()

@@ -1,13 +1,13 @@
 """Fallback answer normalizer: decides whether two final answers are the same math value.
 
-Used by rpg_ref.math_reward when math-verify is not installed (or when asked for explicitly).
+Used by rpg_ref.math.reward when math-verify is not installed (or when asked for explicitly).
 It never calls eval/exec/sympify on model text: LaTeX-ish strings go through a small tokenizer
 and a hand-written recursive-descent parser that only builds sympy numbers, symbols and
 + - * / ^, sqrt, pi, i, and a few named functions. Anything else is "not parseable" and
 falls back to comparing canonical strings.
 
 What counts as equal (`answers_equal(pred, gold)`):
-  0. first `comparable_pair` (used by both backends of rpg_ref.math_reward): `strip_decorations`
+  0. first `comparable_pair` (used by both backends of rpg_ref.math.reward): `strip_decorations`
      removes what is not part of the value - `$` delimiters, a \\boxed{}, a currency sign
      (`$32,348`, `\\$32,348`), trailing unit words, bare or in \\text{} ("204 minutes",
      "3\\sqrt{13} units", "864 in^2", "15\\mbox{ cm}^2"; never a word that changes the value:
@@ -32,7 +32,7 @@ What counts as equal (`answers_equal(pred, gold)`):
      equations compare lhs - rhs. Nesting deeper than _MAX_NESTING parser levels is "not
      parseable" (no match), never a RecursionError.
 Time: sympy can be slow on adversarial input (e.g. 9^9^9^9); callers must run this under a
-time limit (rpg_ref.math_reward.AnswerChecker does, in a worker process).
+time limit (rpg_ref.math.reward.AnswerChecker does, in a worker process).
 """
 from __future__ import annotations
 

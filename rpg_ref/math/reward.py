@@ -26,13 +26,13 @@ Final answer (`extract_answer`; both styles run in time linear in the response l
   * style "boxed": the content of the last closed \\boxed{} (earlier boxes are often intermediate).
 
 Answer checking (`AnswerChecker`): an extracted answer equals the gold answer when
-  1. their canonical strings agree (rpg_ref.math_normalize.canonical: integers, "025", "27.0",
-     commas, units, \\dfrac, ...); otherwise, after `math_normalize.comparable_pair` (units,
+  1. their canonical strings agree (rpg_ref.math.normalize.canonical: integers, "025", "27.0",
+     commas, units, \\dfrac, ...); otherwise, after `normalize.comparable_pair` (units,
      currency and remarks off; a label such as "xy =" dropped only where it names the asked value,
      and an equation never matching a value: "2x = 10" is not 10, "y = 5" is not "x = 5"),
   2. backend "math_verify" (the default "auto" picks it when the math-verify package is installed):
      math_verify.parse both sides wrapped in $...$ and math_verify.verify(gold, pred); or
-     backend "normalizer": rpg_ref.math_normalize.answers_equal (a hand-written parser, no eval).
+     backend "normalizer": rpg_ref.math.normalize.answers_equal (a hand-written parser, no eval).
 Extraction and checking both run in a worker process with a per-answer time limit (`timeout_s`,
 default 5 s); the caller's process only cuts the text (`answer_region`: str.rfind and slicing), so
 no response can stall it. The limit is wall-clock time from when a READY worker receives the answer:
@@ -41,7 +41,7 @@ with one more worker kept started as a spare, so a worker killed for a timeout i
 and no answer is charged for a start-up. On timeout the worker is killed, the answer is scored as
 WRONG, and `stats["timeouts"]` counts it; an exception inside a check also scores as wrong
 (`stats["errors"]`). Extracted answers longer than MAX_ANSWER_CHARS are wrong without a check
-(`stats["too_long"]`). A worker is a fresh `python -m rpg_ref.math_reward --worker BACKEND`
+(`stats["too_long"]`). A worker is a fresh `python -m rpg_ref.math.reward --worker BACKEND`
 subprocess talking over pipes (select-based, so POSIX: Linux and macOS), which is safe to start from
 a process that holds a CUDA context or threads and never re-imports the caller's __main__.
 """
@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rpg_ref.math_normalize import answers_equal, canonical, comparable_pair
+from rpg_ref.math.normalize import answers_equal, canonical, comparable_pair
 
 PAPER_INSTRUCTION = (
     "Solve the following math problem step by step. The last line of your response should be of "
@@ -348,7 +348,7 @@ def _score_job(job: dict, backend: str) -> dict:
 
 
 def _serve(backend: str) -> None:
-    """Worker loop (`python -m rpg_ref.math_reward --worker BACKEND`): warms up, writes "ready",
+    """Worker loop (`python -m rpg_ref.math.reward --worker BACKEND`): warms up, writes "ready",
     then answers one JSON job per stdin line with one JSON result per stdout line."""
     out = sys.stdout.buffer
     _score_job({"region": "Answer: $x = \\frac{1}{2}$", "style": "answer", "gold": "0.5"}, backend)
@@ -365,7 +365,7 @@ class _Worker:
     re-import of the caller's __main__), talking JSON lines over pipes. It takes jobs only once
     it has said "ready", so its start-up is never part of an answer's time limit."""
 
-    command: ClassVar[list] = [sys.executable, "-m", "rpg_ref.math_reward", "--worker"]  # + backend
+    command: ClassVar[list] = [sys.executable, "-m", "rpg_ref.math.reward", "--worker"]  # + backend
 
     def __init__(self, backend: str):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -567,7 +567,7 @@ class AnswerChecker:
                     self._workers[k] = _Worker(self.backend)
                 elif not w.ready and now >= w.start_deadline:
                     raise RuntimeError(f"an answer-checker worker did not start within "
-                                       f"{STARTUP_LIMIT_S:.0f} s (python -m rpg_ref.math_reward "
+                                       f"{STARTUP_LIMIT_S:.0f} s (python -m rpg_ref.math.reward "
                                        f"--worker {self.backend})")
 
     def _receive(self, w: _Worker, jobs: list, results: list) -> None:
@@ -655,6 +655,6 @@ class MathReward:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "--worker" or sys.argv[2] not in BACKENDS[1:]:
-        raise SystemExit("usage: python -m rpg_ref.math_reward --worker {math_verify,normalizer}  "
+        raise SystemExit("usage: python -m rpg_ref.math.reward --worker {math_verify,normalizer}  "
                          "(internal answer-checker worker)")
     _serve(sys.argv[2])

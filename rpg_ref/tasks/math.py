@@ -8,17 +8,17 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
   prompts   a training problem through the model's chat template with the paper's instruction
             ("... The last line of your response should be of the form Answer: $Answer ...") or the
             \\boxed{} variant (--math-prompt), Qwen3's thinking switch (--math-enable-thinking);
-            rpg_ref.math_reward.chat_prompt_ids. Problems come from rpg_ref.math_data.load_problems
+            rpg_ref.math.reward.chat_prompt_ids. Problems come from rpg_ref.math.data.load_problems
             (a set name such as deepmath_int, a .jsonl/.parquet file, or hf:<dataset id>). Each call
             of sample_prompts draws distinct problems uniformly at random from the trainer's prompt
             generator (so a resumed run draws the same problems as an uninterrupted one).
   reward    the decoded response's final answer checked against the gold answer
-            (rpg_ref.math_reward: math-verify when installed, else the documented normalizer; a
+            (rpg_ref.math.reward: math-verify when installed, else the documented normalizer; a
             per-answer time limit), +1 / -1 (--math-scoring pm1, the paper's) or 1 / 0 (binary).
             DAPO's soft overlong punishment is the trainer's --overlong-buffer / --overlong-penalty,
-            added by the loop for every task (one implementation: rpg_ref.math_reward.overlong_penalty).
+            added by the loop for every task (one implementation: rpg_ref.math.reward.overlong_penalty).
             accuracy = fraction of responses whose answer is verified correct.
-  evaluate  Mean@k and Pass@k (rpg_ref.evaluation.evaluate_sets) per evaluation set, with --math-eval-n
+  evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with --math-eval-n
             samples per problem, every --eval-every steps and at the end; logged in metrics.jsonl as
             eval_<set>_mean@<k>, eval_<set>_pass@<k>, eval_<set>_response_len. Evaluation samples
             from its own seeded random stream, so evaluating (or not) never changes training.
@@ -236,7 +236,7 @@ def _flagged(flag: str, value, fn, *args, **kwargs):
 
 def _default_tokenizer_dir(model_spec: str) -> str:
     """The model's own tokenizer when its folder has one, else the shared Qwen3 tokenizer."""
-    from rpg_ref.math_data import data_dir
+    from rpg_ref.math.data import data_dir
 
     p = Path(model_spec)
     folder = p.parent if p.is_file() else p
@@ -315,8 +315,8 @@ class MathTask:
         o = self.opt = self.Options(**cfg.task_options)
         self.cfg, self.device = cfg, device
         self._check_options()
-        from rpg_ref.math_data import load_problems
-        from rpg_ref.math_reward import MathReward, chat_prompt_ids
+        from rpg_ref.math.data import load_problems
+        from rpg_ref.math.reward import MathReward, chat_prompt_ids
 
         # every input is checked before anything slow: the data files, then the model's source
         fields = {"problem": o.problem_field, "answer": o.answer_field}
@@ -406,7 +406,7 @@ class MathTask:
 
     def evaluate(self, policy, engine) -> dict:
         """Mean@k / Pass@k per eval set; samples come from a fixed seed, not the training stream."""
-        from rpg_ref.evaluation import evaluate_sets
+        from rpg_ref.math.evaluation import evaluate_sets
 
         o = self.opt
         if not o.eval_n:
