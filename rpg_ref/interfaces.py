@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -138,7 +139,12 @@ class Task(Protocol):
         """Evaluation metrics, logged as eval_<key>."""
 
     def summary(self, policy: nn.Module, cfg) -> dict:
-        """Task-specific entries merged into summary.json."""
+        """Task-specific entries merged into summary.json; writes nothing."""
+
+    def finish(self, policy: nn.Module, out: Path) -> None:
+        """Optional (the loop calls it when the task has it): once, after the last step and before
+        summary.json is written, the task's own artifacts under ``out`` (the math task's Hugging
+        Face export) and the release of what it holds (the math task's answer-checker workers)."""
 
 
 class Engine(Protocol):

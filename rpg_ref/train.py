@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from rpg_ref.advantages import compute_advantages
 from rpg_ref.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
@@ -50,21 +50,11 @@ from rpg_ref.logprobs import micro_batches, token_logprobs
 from rpg_ref.losses import LOSSES
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.shaping import overlong_penalty
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
 # =============================================================================================
-
-
-def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float) -> Tensor:
-    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -penalty at
-    max_len (penalty times rpg_ref.math.reward.overlong_penalty, the one implementation)."""
-    if buffer == 0:
-        return torch.zeros_like(lengths, dtype=torch.float)
-    from rpg_ref.math.reward import overlong_penalty as r_length  # lazy: that module imports sympy
-
-    r = [penalty * r_length(n, max_len, buffer) for n in lengths.tolist()]
-    return torch.tensor(r, dtype=torch.float, device=lengths.device)  # [N]
 
 
 def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Batch, dict]:
@@ -328,6 +318,8 @@ def train(cfg: Config, run: Run | None = None) -> dict:
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params,
                "wall_time_s_this_process": time.perf_counter() - t_run, **task.summary(policy, cfg)}
+    if hasattr(task, "finish"):  # the task's last artifacts; summary.json then marks the run done
+        task.finish(policy, out)
     atomic_write(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 

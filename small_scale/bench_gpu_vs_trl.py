@@ -127,7 +127,7 @@ def prepare(s: dict, out: Path) -> tuple[Path, Path]:
     from transformers import AutoTokenizer
 
     from rpg_ref.math.data import data_dir, load_problems
-    from rpg_ref.tasks.math import load_hf_model
+    from rpg_ref.models.load import load_hf_model
 
     model_dir, problems = out / "model", out / "problems.jsonl"
     if not (model_dir / "config.json").exists():

@@ -245,9 +245,9 @@ def test_bf16_copy_is_rebuilt_by_sync_and_refused_when_stale():
     shared, fp32 rotary frequencies kept). sleep() frees it; after a simulated update, sampling
     without sync_weights raises WeightSyncError; sync_weights rebuilds it equal to the updated
     policy's weights cast to bf16, and sampling works again."""
-    from rpg_ref.tasks.math import MathPolicy
+    from rpg_ref.models.policy import HFPolicy
 
-    policy = MathPolicy(tiny_qwen3(dtype=torch.float32), "bf16-autocast").eval()
+    policy = HFPolicy(tiny_qwen3(dtype=torch.float32), "bf16-autocast").eval()
     e = engine(policy)
     assert all(p.dtype == torch.bfloat16 for p in e.copy.parameters())
     assert all(b.dtype == torch.float32 for b in e.copy.buffers())

@@ -48,13 +48,13 @@ def reference_logprobs(model, b: Batch, temperature: float):
 def policies():
     """A plain HF Qwen3 (the seq task's policy) and the math task's wrapper around one (with
     gradient checkpointing, so the chunks run inside checkpointed layers' autograd too)."""
-    from rpg_ref.tasks.math import MathPolicy
+    from rpg_ref.models.policy import HFPolicy
 
     return {"hf": tiny_qwen3(tie=True),
-            "MathPolicy": MathPolicy(tiny_qwen3(tie=False), "float32", gradient_checkpointing=True).eval()}
+            "HFPolicy": HFPolicy(tiny_qwen3(tie=False), "float32", gradient_checkpointing=True).eval()}
 
 
-@pytest.mark.parametrize("kind", ["hf", "MathPolicy"])
+@pytest.mark.parametrize("kind", ["hf", "HFPolicy"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_logprobs_equal_unchunked_values_and_gradients(kind, temperature):
     """Log-probs through the LM head in chunks of 3 response tokens (so 12 chunks, each

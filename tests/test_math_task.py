@@ -57,7 +57,7 @@ def _cfg(tiny_config, tmp_path, *extra):
 
 
 def _assert_same_weights(exported: dict, trained: dict) -> None:
-    """HF export (tied embeddings saved once, as embed_tokens) == trainer checkpoint (MathPolicy's
+    """HF export (tied embeddings saved once, as embed_tokens) == trainer checkpoint (HFPolicy's
     names, prefix "module.", the tied tensor saved once as lm_head)."""
     assert len(exported) == len(trained)
     for name, t in exported.items():
@@ -84,8 +84,8 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     command rebuilds the same weights from the trainer checkpoint."""
     from safetensors.torch import load_file
 
+    from rpg_ref.export import main as export_main
     from rpg_ref.math import evaluation
-    from rpg_ref.tasks.math import main as math_task_main
 
     out = tmp_path / "run"
     assert cli.main(_argv(tiny_config, out)) == 0
@@ -126,11 +126,11 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     assert r["problems"] == 2 and r["n"] == 2 and r["check_stats"]["checked"] == 4
 
     # the export command: trainer checkpoint (now step 3) -> HF folder with the same weights
-    assert math_task_main(["export", str(out), str(tmp_path / "exp")]) == 0
+    assert export_main([str(out), str(tmp_path / "exp")]) == 0
     again = load_file(tmp_path / "exp" / "model.safetensors")
     assert again.keys() == exported.keys()
     _assert_same_weights(again, load_file(out / "checkpoints" / "step_000003" / "model.safetensors"))
-    assert math_task_main(["export", str(tmp_path / "nothing")]) == 2
+    assert export_main([str(tmp_path / "nothing")]) == 2
 
 
 # ------------------------------------------------------------------------------------------
@@ -163,6 +163,24 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
     text = boxed.tokenizer.decode(boxed.sample_prompts(1, torch.Generator().manual_seed(0))[0].ids)
     assert "\\boxed{answer}" in text and PAPER_INSTRUCTION not in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_summary_writes_nothing_and_finish_exports_and_stops_the_workers(tiny_config, tmp_path):
+    """summary() only reports (OUT/hf named, not written); finish(policy, OUT) writes the HF
+    export in OUT/hf and stops the answer-checker workers (started here by one reward call)."""
+    from rpg_ref.tasks.math import MathTask
+
+    cfg = _cfg(tiny_config, tmp_path, "--math-eval-n", "0")
+    task = MathTask(cfg, torch.device("cpu"))
+    policy = task.build_policy()
+    task.reward([Prompt(ids=[0], answer="1")], [task.tokenizer("Answer: 1")["input_ids"]])
+    assert task.scorer.checker._workers
+    out = Path(cfg.out)
+    assert task.summary(policy, cfg)["hf_export"] == str(out / "hf")
+    assert not (out / "hf").exists()
+    task.finish(policy, out)
+    assert (out / "hf" / "config.json").is_file() and (out / "hf" / "model.safetensors").is_file()
+    assert not task.scorer.checker._workers
 
 
 @pytest.mark.parametrize("scoring,right,wrong", [("pm1", 1.0, -1.0), ("binary", 1.0, 0.0)])
@@ -205,14 +223,15 @@ def test_gradient_checkpointing_recomputes_layers_in_eval_mode_with_identical_gr
     """With --math-gradient-checkpointing each decoder layer runs forward twice per
     forward+backward (once more in the backward recompute) although the trainer keeps the policy
     in eval mode, and the gradients are bitwise those without checkpointing (CPU, same kernels)."""
-    from rpg_ref.tasks.math import MathPolicy, load_hf_model
+    from rpg_ref.models.load import load_hf_model
+    from rpg_ref.models.policy import HFPolicy
 
     torch.manual_seed(0)
     model = load_hf_model(tiny_config)
     ids = torch.tensor([[785, 3974, 13876, 38835, 34208, 916, 279, 15678]])
     counts = []
     for ckpt in (False, True):
-        policy = MathPolicy(model, "float32", gradient_checkpointing=ckpt).eval()
+        policy = HFPolicy(model, "float32", gradient_checkpointing=ckpt).eval()
         calls = [0]
 
         def count(*_, calls=calls):
@@ -236,13 +255,14 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     """--math-dtype bf16-autocast: parameters (the optimizer's master weights) stay float32 and
     the forward's matrix products run in bf16 (bf16 logits), in generation too; float32 computes
     float32 logits; --math-dtype bfloat16 stores bf16 parameters."""
-    from rpg_ref.tasks.math import MathPolicy, load_hf_model
+    from rpg_ref.models.load import load_hf_model
+    from rpg_ref.models.policy import HFPolicy
 
     torch.manual_seed(0)
     ids = torch.tensor([[785, 3974, 13876, 38835]])
     model = load_hf_model(tiny_config)
-    fp32, _ = _loss_and_grads(MathPolicy(model, "float32").eval(), ids)
-    auto = MathPolicy(model, "bf16-autocast").eval()
+    fp32, _ = _loss_and_grads(HFPolicy(model, "float32").eval(), ids)
+    auto = HFPolicy(model, "bf16-autocast").eval()
     logits, grads = _loss_and_grads(auto, ids)
     assert fp32.dtype == torch.float32 and logits.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in auto.parameters())
@@ -315,12 +335,13 @@ def test_trainer_registers_math_and_vllm_and_the_math_presets_are_the_papers_rec
 
 
 def test_vllm_weight_names_of_the_wrapped_policy_are_the_hf_names(tiny_config):
-    """The vLLM engine's weight mapping turns MathPolicy's parameter names ("module." + HF name)
+    """The vLLM engine's weight mapping turns HFPolicy's parameter names ("module." + HF name)
     back into the HF checkpoint's names that vLLM's load_weights expects (tied lm_head dropped)."""
     from rpg_ref.engines.vllm import hf_to_vllm_weights
-    from rpg_ref.tasks.math import MathPolicy, load_hf_model
+    from rpg_ref.models.load import load_hf_model
+    from rpg_ref.models.policy import HFPolicy
 
     model = load_hf_model(tiny_config)
-    names = [n for n, _ in hf_to_vllm_weights(MathPolicy(model).named_parameters(), True)]
+    names = [n for n, _ in hf_to_vllm_weights(HFPolicy(model).named_parameters(), True)]
     assert names == [n for n, _ in model.named_parameters()]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names

@@ -228,7 +228,7 @@ class HFEngine:
                              f"bfloat16 to sample from a copy, or another attention kernel)")
         device = next(sampler.parameters()).device
         self.compiled = o.compile == "on" or (o.compile == "auto" and device.type == "cuda")
-        if self.compiled and not hasattr(sampler, "get_compiled_call"):  # e.g. MathPolicy
+        if self.compiled and not hasattr(sampler, "get_compiled_call"):  # e.g. HFPolicy
             if o.compile == "on":
                 raise ValueError("bad configuration: --hf-compile on needs a bf16 copy (--hf-gen-dtype "
                                  "bfloat16) or a plain Hugging Face policy to compile")

@@ -5,13 +5,8 @@ The paper's setup (sec:experiments; its released code; the DAPO-Math-17k prompt 
     the model's chat template (`chat_prompt`); a `\\boxed{}` variant (`style="boxed"`) is offered;
   * the final answer is the text after the last "Answer:" (`style="answer"`) or inside the last
     \\boxed{...} (`style="boxed"`); for thinking models only the text after the last </think> counts;
-  * reward +1 for a correct answer and -1 otherwise (`scoring="pm1"`; `"binary"` gives 1 / 0),
-    plus DAPO's soft overlong punishment (Yu et al. 2025, "DAPO", eq. for R_length):
-        R_length(y) = 0                              if |y| <= L_max - L_cache
-                    = ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
-                    = -1                             if |y| > L_max
-    i.e. min(-(|y| - (L_max - L_cache)) / L_cache, 0) floored at -1, with |y| the response length
-    in tokens, L_max the maximum response length and L_cache the buffer (the paper's code: 512).
+  * reward +1 for a correct answer and -1 otherwise (`scoring="pm1"`; `"binary"` gives 1 / 0);
+    DAPO's soft overlong punishment is added by the loop for every task (rpg_ref.shaping).
 
 Final answer (`extract_answer`; both styles run in time linear in the response length):
   * where: after the last "</think>"; then only the last MAX_TAIL_CHARS (4,000) characters.
@@ -600,52 +595,27 @@ def _job_text(job: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- scoring
-def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
-    """DAPO soft overlong punishment R_length (formula in the module docstring)."""
-    if not (isinstance(max_len, int) and isinstance(buffer, int) and 0 < buffer <= max_len):
-        raise ValueError(f"need integers 0 < buffer <= max_len, got buffer={buffer}, max_len={max_len}")
-    if not (isinstance(length, int) and length >= 0):
-        raise ValueError(f"length must be an int >= 0, got {length!r}")
-    if length > max_len:
-        return -1.0
-    return min(-(length - (max_len - buffer)) / buffer, 0.0)
-
-
 class MathReward:
-    """reward(responses, golds, lengths) -> (rewards, info) for the math task.
+    """reward(responses, golds) -> (rewards, info) for the math task: rewards[i] = score(correct_i).
 
-    rewards[i] = score(correct_i) + overlong_penalty(lengths[i]) (the latter only when
-    `overlong_buffer` is set; then `max_response_len` is required). `thinking`: the prompts had
-    thinking on, so a response without "</think>" has no answer (see `answer_region`).
+    `thinking`: the prompts had thinking on, so a response without "</think>" has no answer (see
+    `answer_region`).
     """
 
     def __init__(self, style: str = "answer", scoring: str = "pm1", backend: str = "auto",
-                 timeout_s: float = 5.0, num_workers: int = 1,
-                 overlong_buffer: int | None = None, max_response_len: int | None = None,
-                 thinking: bool = False):
+                 timeout_s: float = 5.0, num_workers: int = 1, thinking: bool = False):
         _check_style(style)
         if scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
-        if overlong_buffer is not None:
-            if max_response_len is None:
-                raise ValueError("overlong_buffer needs max_response_len")
-            overlong_penalty(0, max_response_len, overlong_buffer)  # validates the pair
         self.style, self.scoring, self.thinking = style, scoring, bool(thinking)
-        self.overlong_buffer, self.max_response_len = overlong_buffer, max_response_len
         self.checker = AnswerChecker(backend, timeout_s, num_workers)
 
-    def __call__(self, responses: Sequence[str], golds: Sequence,
-                 lengths: Sequence[int] | None = None) -> tuple[list[float], dict]:
+    def __call__(self, responses: Sequence[str], golds: Sequence) -> tuple[list[float], dict]:
         if len(responses) != len(golds):
             raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
-        if self.overlong_buffer is not None and (lengths is None or len(lengths) != len(responses)):
-            raise ValueError("the overlong penalty needs one length (in tokens) per response")
         correct, preds = self.checker.check_responses(responses, golds, self.style, self.thinking)
         wrong = -1.0 if self.scoring == "pm1" else 0.0
         rewards = [1.0 if c else wrong for c in correct]
-        if self.overlong_buffer is not None:
-            rewards = [r + overlong_penalty(int(n), self.max_response_len, self.overlong_buffer)
-                       for r, n in zip(rewards, lengths)]
         info = {"correct": correct, "answers": preds, "check": self.checker.last_stats.as_dict()}
         return rewards, info
 

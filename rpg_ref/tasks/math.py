@@ -16,7 +16,7 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
             (rpg_ref.math.reward: math-verify when installed, else the documented normalizer; a
             per-answer time limit), +1 / -1 (--math-scoring pm1, the paper's) or 1 / 0 (binary).
             DAPO's soft overlong punishment is the trainer's --overlong-buffer / --overlong-penalty,
-            added by the loop for every task (one implementation: rpg_ref.math.reward.overlong_penalty).
+            added by the loop for every task (rpg_ref.shaping.overlong_penalty).
             accuracy = fraction of responses whose answer is verified correct.
   evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with --math-eval-n
             samples per problem, every --eval-every steps and at the end; logged in metrics.jsonl as
@@ -24,206 +24,28 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
             from its own seeded random stream, so evaluating (or not) never changes training.
   policy    a Hugging Face causal LM: a checkpoint folder or hub id (pretrained weights), or a
             config.json (file, or a folder holding only one) for a randomly initialized model
-            (tests, benchmarks). It is wrapped in MathPolicy, which adds the precision choice and
+            (tests, benchmarks). It is wrapped in rpg_ref.models.HFPolicy, which adds the precision choice and
             gradient checkpointing that the memory budget needs (docs/memory_budget_qwen3_4b_h100.md)
             without any change to the training loop.
-  export    at the end of a run the final policy is saved as a plain Hugging Face checkpoint with
-            its tokenizer in OUT/hf (what rpg-eval --model and vLLM load); any trainer checkpoint
-            can be exported with ``python -m rpg_ref.tasks.math export OUT [DEST]``.
+  finish    at the end of a run the final policy is saved as a plain Hugging Face checkpoint with
+            its tokenizer in OUT/hf (what rpg-eval --model and vLLM load; --math-export), and the
+            answer-checker workers stop; any trainer checkpoint can be exported with
+            ``python -m rpg_ref.export OUT [DEST]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import re
-import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from torch import nn
 
 from rpg_ref.interfaces import Prompt
-from rpg_ref.logprobs import LMParts, hf_lm_parts
-
-PROMPT_STYLES = ("answer", "boxed")
-SCORINGS = ("pm1", "binary")
-DTYPES = ("float32", "bf16-autocast", "bfloat16")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-
-
-# =============================================================================================
-# the policy module
-# =============================================================================================
-
-
-class MathPolicy(nn.Module):
-    """A Hugging Face causal LM with the trainer's calling convention plus two memory options.
-
-    dtype "float32": parameters and compute in fp32 (CPU default; exact).
-    dtype "bf16-autocast": fp32 parameters (the optimizer's master weights: an AdamW step of
-        lr 1e-6 on a weight of size 0.02 survives, which it would not on a bf16 weight whose grid
-        spacing there is 6e-5) and bf16 matrix products under torch.autocast, in training
-        forwards, log-prob passes and HF generation alike.
-    dtype "bfloat16": parameters in bf16 (half the memory; small updates are lost to rounding).
-    gradient_checkpointing: decoder layers keep only their inputs and recompute their
-        activations in the backward pass. HF checkpoints a layer only while it is in training
-        mode, but the trainer keeps the policy in eval mode (no dropout, so w = 1 exactly before
-        the first update); the layers are therefore switched to training mode for the duration
-        of a forward with gradients enabled. Only the layer objects' own flag changes, so
-        attention dropout (read from the attention module's flag) stays off.
-
-    The wrapped model is ``self.module``: parameter names gain a ``module.`` prefix (as under
-    DDP), which rpg_ref.engines.vllm strips before loading weights into vLLM.
-    """
-
-    def __init__(self, model: nn.Module, dtype: str = "float32", gradient_checkpointing: bool = False):
-        super().__init__()
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        self.module = model
-        self.autocast = dtype == "bf16-autocast"
-        self.grad_ckpt = gradient_checkpointing
-        self._ckpt_layers = []
-        if gradient_checkpointing:
-            kw = {"use_reentrant": False}
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                model.activation_checkpointing_enable(kw)
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
-            from transformers.modeling_layers import GradientCheckpointingLayer
-
-            self._ckpt_layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-            if not self._ckpt_layers:
-                raise ValueError(f"{type(model).__name__} has no checkpointable layers")
-
-    # what the trainer, the engines and save/export read from an HF model
-    @property
-    def config(self):
-        return self.module.config
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    def save_pretrained(self, *args, **kwargs):
-        return self.module.save_pretrained(*args, **kwargs)
-
-    def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
-
-    @contextlib.contextmanager
-    def _compute(self):
-        """bf16 autocast when asked; checkpointed layers in training mode while gradients are on."""
-        ckpt = self.grad_ckpt and torch.is_grad_enabled()
-        for layer in self._ckpt_layers if ckpt else ():
-            layer.training = True
-        try:
-            with self._autocast():
-                yield
-        finally:
-            for layer in self._ckpt_layers if ckpt else ():
-                layer.training = False
-
-    def forward(self, *args, **kwargs):
-        # a single forward pass keeps no KV cache (HF's default use_cache=True would allocate one)
-        if "past_key_values" not in kwargs:
-            kwargs.setdefault("use_cache", False)
-        with self._compute():
-            return self.module(*args, **kwargs)
-
-    def lm_parts(self) -> LMParts | None:
-        """Hidden states and LM head of the wrapped model, each in this policy's precision and
-        checkpointing (rpg_ref.logprobs applies the head in chunks), or None if it has no plain head."""
-        parts = hf_lm_parts(self.module)
-        if parts is None:
-            return None
-
-        def hidden(**inputs):
-            with self._compute():
-                return parts.hidden(**inputs)
-
-        def head(h):
-            with self._autocast():
-                return parts.head(h)
-
-        return LMParts(hidden, head, parts.vocab_size)
-
-    def generate(self, *args, **kwargs):
-        with self._autocast():
-            return self.module.generate(*args, **kwargs)
-
-
-def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = "sdpa",
-                  device: str | torch.device = "cpu") -> nn.Module:
-    """A causal LM from a checkpoint folder / hub id (pretrained), or from a config.json file or a
-    folder holding a config.json but no weights (random initialization from torch's global RNG,
-    on ``device``: a 4B model initializes in seconds on a GPU, in a minute on a CPU)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    path = Path(spec)
-    config_file = path if path.is_file() else path / "config.json"
-    if path.is_file() or (path.is_dir() and not any((path / w).exists() for w in WEIGHT_FILES)):
-        if not config_file.is_file():
-            raise ValueError(f"--math-model {spec!r}: a folder without weights needs a config.json")
-        try:
-            d = json.loads(config_file.read_text())
-            mcfg = AutoConfig.for_model(d.pop("model_type"), **d)
-        except (json.JSONDecodeError, KeyError, ValueError) as e:
-            raise ValueError(f"--math-model {spec!r}: not a usable model config.json ({e})") from e
-        with torch.device(device):
-            return AutoModelForCausalLM.from_config(mcfg, dtype=torch_dtype,
-                                                    attn_implementation=attn_implementation)
-    try:
-        return AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype,
-                                                    attn_implementation=attn_implementation)
-    except OSError as e:
-        raise ValueError(f"--math-model {spec!r}: not a checkpoint folder, config.json or a "
-                         f"reachable Hugging Face model id ({e})") from e
-
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def check_model_source(spec: str, flag: str) -> None:
-    """``spec`` is a local file or folder, a hub id in the local Hugging Face cache, or a hub id
-    with the hub reachable. An unreachable hub is found in seconds (one connection attempt), not
-    after a minute of download retries; HF_HUB_OFFLINE=1 skips the attempt."""
-    if Path(spec).exists():
-        return
-    if not HUB_ID.fullmatch(spec):
-        raise ValueError(f"{flag} {spec!r}: no such file or folder (nor a Hugging Face id 'org/name')")
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
-        return  # cached: works offline
-    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
-    port = urlparse(constants.ENDPOINT).port or (80 if constants.ENDPOINT.startswith("http:") else 443)
-    fix = ("download it where there is a network and pass its folder, or pass a config.json for a "
-           "randomly initialized model")
-    if constants.HF_HUB_OFFLINE:
-        raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
-                         f"and HF_HUB_OFFLINE is set: {fix}")
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except OSError as e:
-        raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
-                         f"and the hub ({host}:{port}) cannot be reached ({e}): {fix}") from e
-
-
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"not a usable tokenizer ({e})") from e
+from rpg_ref.math.data import data_dir, load_problems
+from rpg_ref.models.hub import check_model_source
+from rpg_ref.models.load import export_model, load_hf_model, load_tokenizer, resolve_tokenizer
+from rpg_ref.models.policy import DTYPES, HFPolicy
 
 
 def _flagged(flag: str, value, fn, *args, **kwargs):
@@ -232,23 +54,6 @@ def _flagged(flag: str, value, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except ValueError as e:
         raise ValueError(f"{flag}: {e}" if str(value) in str(e) else f"{flag} {value}: {e}") from e
-
-
-def _default_tokenizer_dir(model_spec: str) -> str:
-    """The model's own tokenizer when its folder has one, else the shared Qwen3 tokenizer."""
-    from rpg_ref.math.data import data_dir
-
-    p = Path(model_spec)
-    folder = p.parent if p.is_file() else p
-    if folder.is_dir():
-        if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
-            return str(folder)
-        shared = data_dir() / "tokenizer" / "qwen3"
-        if not shared.is_dir():
-            raise ValueError(f"--math-model {model_spec!r} has no tokenizer and the shared Qwen3 "
-                             f"tokenizer {shared} is absent: pass --math-tokenizer")
-        return str(shared)
-    return model_spec  # a hub id: its own tokenizer
 
 
 # =============================================================================================
@@ -315,7 +120,8 @@ class MathTask:
         o = self.opt = self.Options(**cfg.task_options)
         self.cfg, self.device = cfg, device
         self._check_options()
-        from rpg_ref.math.data import load_problems
+        # here, not at the top: rpg-train imports every task to list its flags, and the reward
+        # imports sympy
         from rpg_ref.math.reward import MathReward, chat_prompt_ids
 
         # every input is checked before anything slow: the data files, then the model's source
@@ -331,10 +137,12 @@ class MathTask:
                 raise ValueError(f"--math-eval-data: two sets are named {name!r}")
             self.eval_sets[name] = ps
         check_model_source(o.model, "--math-model")
-        self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(o.model)
+        shared = data_dir() / "tokenizer" / "qwen3"  # for a bare config.json
+        self.tokenizer_path = o.tokenizer or _flagged("--math-model", o.model, resolve_tokenizer,
+                                                      o.model, shared)
         if self.tokenizer_path != o.model:  # the model's own tokenizer was checked just above
             check_model_source(self.tokenizer_path, "--math-tokenizer")
-        self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, _load_tokenizer,
+        self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, load_tokenizer,
                                   self.tokenizer_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"tokenizer {self.tokenizer_path} has no eos token")
@@ -356,13 +164,15 @@ class MathTask:
                                  thinking=o.enable_thinking)
 
     def _check_options(self) -> None:
+        from rpg_ref.math.reward import SCORINGS, STYLES
+
         o = self.opt
 
         def bad(msg):
             raise ValueError(f"bad math option: {msg}")
 
-        if o.prompt not in PROMPT_STYLES:
-            bad(f"--math-prompt must be one of {PROMPT_STYLES}, got {o.prompt!r}")
+        if o.prompt not in STYLES:
+            bad(f"--math-prompt must be one of {STYLES}, got {o.prompt!r}")
         if o.scoring not in SCORINGS:
             bad(f"--math-scoring must be one of {SCORINGS}, got {o.scoring!r}")
         if o.dtype not in DTYPES:
@@ -391,7 +201,7 @@ class MathTask:
         if len(self.tokenizer) > n_vocab:
             raise ValueError(f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
                              f"model's embedding has only {n_vocab} rows")
-        return MathPolicy(model, o.dtype, o.gradient_checkpointing)
+        return HFPolicy(model, o.dtype, o.gradient_checkpointing)
 
     def sample_prompts(self, n: int, gen: torch.Generator):
         idx = torch.randperm(len(self.train), generator=gen)[:n].tolist()  # n distinct problems
@@ -430,68 +240,15 @@ class MathTask:
         return out
 
     def summary(self, policy, cfg) -> dict:
-        """Exports the final policy to OUT/hf (an HF checkpoint with its tokenizer)."""
-        dest = Path(cfg.out) / "hf"
-        if self.opt.export:
-            export_model(policy, self.tokenizer, dest)
-        self.scorer.close()
-        return {"hf_export": str(dest) if self.opt.export else None, "train_problems": len(self.train),
-                "train_problems_dropped_long_prompt": self.dropped_long,
+        return {"hf_export": str(Path(cfg.out) / "hf") if self.opt.export else None,
+                "train_problems": len(self.train), "train_problems_dropped_long_prompt": self.dropped_long,
                 "answer_checks": self.scorer.checker.stats.as_dict()}
 
+    def finish(self, policy, out: Path) -> None:
+        """The final policy as an HF checkpoint with its tokenizer in OUT/hf; the workers stop."""
+        if self.opt.export:
+            export_model(policy, self.tokenizer, Path(out) / "hf")
+        self.close()
 
-# =============================================================================================
-# export: trainer checkpoint -> Hugging Face checkpoint (for rpg-eval, vLLM, the hub)
-# =============================================================================================
-
-
-def export_model(policy: nn.Module, tokenizer, dest: Path) -> Path:
-    """save_pretrained of the wrapped model + the tokenizer files into ``dest``."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    model = policy.module if isinstance(policy, MathPolicy) else policy
-    model.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
-    return dest
-
-
-def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
-    """The latest trainer checkpoint of run folder ``out`` (OUT/checkpoints/LATEST) as an HF
-    checkpoint in ``dest`` (default OUT/hf). Rebuilds the policy from OUT/config.json."""
-    from safetensors.torch import load_model
-
-    from rpg_ref.config import Config
-
-    out = Path(out)
-    latest = out / "checkpoints" / "LATEST"
-    if not (out / "config.json").is_file() or not latest.is_file():
-        raise ValueError(f"{out}: not a run folder with a checkpoint (need config.json and "
-                         f"checkpoints/LATEST)")
-    cfg = Config(**json.loads((out / "config.json").read_text()))
-    if cfg.task != "math":
-        raise ValueError(f"{out}: a {cfg.task!r} run, not a math run")
-    task = MathTask(cfg, torch.device("cpu"))
-    policy = task.build_policy()
-    load_model(policy, str(out / "checkpoints" / latest.read_text().strip() / "model.safetensors"))
-    return export_model(policy, task.tokenizer, Path(dest) if dest else out / "hf")
-
-
-def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rpg_ref.tasks.math",
-                                 description="Export a math run's latest checkpoint as an HF checkpoint.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="OUT/checkpoints/LATEST -> DEST (default OUT/hf)")
-    ex.add_argument("out", help="the run folder (rpg-train --out)")
-    ex.add_argument("dest", nargs="?", default=None, help="destination folder (default OUT/hf)")
-    args = ap.parse_args(argv)
-    try:
-        dest = export_checkpoint(args.out, args.dest)
-    except ValueError as e:
-        print(f"export: error: {e}", file=sys.stderr)
-        return 2
-    print(f"exported {args.out} -> {dest}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    def close(self) -> None:
+        self.scorer.close()
