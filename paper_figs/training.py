@@ -1,12 +1,15 @@
 """Training dynamics and Last/Best tables from small_scale/ logs, in the shape of the paper's
 fig:main_8k / fig:ablation_clip / fig:ablation_kl and tab:main_table_4k.
 
-Log layout (written by small_scale/run_experiments.py; the rows are rpg_ref/train.py's
-metrics.jsonl rows, trimmed to the keys the experiment lists):
+Log layout: one file per experiment, <logs>/<exp>.jsonl (written by small_scale/run_experiments.py),
+one JSON object a line:
 
-    <logs>/<exp>/experiment.json                 the experiment's config (runs, groups, seeds)
-    <logs>/<exp>/<run>/seed<k>/metrics.jsonl     one JSON object per training step
-    <logs>/<exp>/<run>/seed<k>/summary.json      the trainer's summary (final row, eval, bandit optimum)
+    {"experiment": {...}}                        the experiment's config (runs, groups, seeds)
+    {"invocation": {...}}                        the command that last wrote the file
+    {"run": R, "seed": k, "config": {...}}       the trainer's config.json of run R, seed k
+    {"run": R, "seed": k, "summary": {...}}      its summary.json (final row, eval, bandit optimum)
+    {"run": R, "seed": k, "metrics": {...}}      one metrics.jsonl row (trimmed to the keys the
+                                                 experiment lists), in step order
 
 The trainer's metric names are mapped to panels by ``PANELS`` (the one adapter between the
 trainer and the figures). Spread over seeds: the shaded band is min..max over seeds, the line
@@ -62,27 +65,46 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def read_experiment_log(path: Path) -> dict:
+    """{"experiment", "invocation", "runs": {run: {seed: {"config", "summary", "metrics"}}}} of one
+    experiment's log file (layout in the module docstring); seeds in increasing order."""
+    out, runs = {"experiment": None, "invocation": None}, {}
+    for rec in read_jsonl(path):
+        if "run" not in rec:
+            out.update({k: v for k, v in rec.items() if k in out})
+            continue
+        kind = next((k for k in ("config", "summary", "metrics") if k in rec), None)
+        if kind is None or "seed" not in rec:
+            raise ValueError(f"{path}: a record without seed and config/summary/metrics: {rec!r:.120}")
+        seed = runs.setdefault(rec["run"], {}).setdefault(
+            rec["seed"], {"config": None, "summary": None, "metrics": []})
+        if kind == "metrics":
+            seed["metrics"].append(rec["metrics"])
+        else:
+            seed[kind] = rec[kind]
+    if out["experiment"] is None:
+        raise ValueError(f"{path}: no experiment record")
+    out["runs"] = {r: dict(sorted(seeds.items())) for r, seeds in runs.items()}
+    return out
+
+
 def load_experiment(exp: str, logs=DEFAULT_LOGS) -> dict:
-    """{"spec": experiment.json, "runs": {run: [{"seed", "metrics", "summary"}]}} in the spec's
-    run order. A run listed in the spec without logs is an error naming the command to make them."""
-    root = Path(logs) / exp
-    spec_path = root / "experiment.json"
-    if not spec_path.exists():
-        raise FileNotFoundError(f"no logs for experiment {exp!r} in {root} (missing experiment.json); "
+    """{"spec": the experiment's config, "runs": {run: [{"seed", "metrics", "summary"}]}} in the
+    spec's run order. A run listed in the spec without logs is an error naming the command to
+    make them."""
+    path = Path(logs) / f"{exp}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no logs for experiment {exp!r}: {path} is missing; "
                                 f"run: python small_scale/run_experiments.py --exp {exp}")
-    spec = json.loads(spec_path.read_text())
-    runs = {}
+    log = read_experiment_log(path)
+    spec, runs = log["experiment"], {}
     for run in spec["runs"]:
-        seeds = sorted((root / run).glob("seed*/metrics.jsonl"))
+        seeds = {s: r for s, r in log["runs"].get(run, {}).items() if r["metrics"]}
         if not seeds:
-            raise FileNotFoundError(f"experiment {exp!r}: run {run!r} has no metrics.jsonl under {root / run}; "
+            raise FileNotFoundError(f"experiment {exp!r}: run {run!r} has no metrics rows in {path}; "
                                     f"run: python small_scale/run_experiments.py --exp {exp}")
-        recs = []
-        for m in seeds:
-            s = m.parent / "summary.json"
-            recs.append({"seed": int(m.parent.name[4:]), "metrics": read_jsonl(m),
-                         "summary": json.loads(s.read_text()) if s.exists() else None})
-        runs[run] = recs
+        runs[run] = [{"seed": s, "metrics": r["metrics"], "summary": r["summary"]}
+                     for s, r in seeds.items()]
     return {"spec": spec, "runs": runs}
 
 
@@ -256,12 +278,12 @@ def to_latex(table: dict) -> str:
 
 def bandit_table_data(exp: str = "bandit", logs=DEFAULT_LOGS) -> dict:
     """Per run: final total-variation distance to the analytic KL-regularized optimum and the
-    final expected reward (mean, std, values over seeds), from the trainer's summary.json."""
+    final expected reward (mean, std, values over seeds), from the trainer's summaries."""
     ex = load_experiment(exp, logs)
     rows = {}
     for run, recs in ex["runs"].items():
         if any(r["summary"] is None for r in recs):
-            raise ValueError(f"{exp}/{run}: a seed has no summary.json (unfinished run?)")
+            raise ValueError(f"{exp}/{run}: a seed has no summary (unfinished run?)")
         tv = [r["summary"].get("tv_distance") for r in recs]
         er = [float(np.dot(r["summary"]["policy"], r["summary"]["rewards"])) for r in recs]
         # each seed has its own random pi_ref, hence its own optimum

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics as st
 from pathlib import Path
+
+from paper_figs.training import load_experiment
 
 HERE = Path(__file__).resolve().parent
 
@@ -25,11 +26,12 @@ def main() -> None:
     root = Path(ap.parse_args().logs)
     for exp in ("seq", "ablation"):
         print(f"== {exp}")
-        for run in sorted(p.name for p in (root / exp).iterdir() if p.is_dir()):
+        runs = load_experiment(exp, root)["runs"]
+        for run in sorted(runs):
             cols = {k: [] for k in ("ent_first5", "ent_last5", "kl_old", "clip_low", "clip_high", "len_last10")}
             ev_steps = []
-            for seed_dir in sorted((root / exp / run).glob("seed*")):
-                m = [json.loads(x) for x in (seed_dir / "metrics.jsonl").read_text().splitlines()]
+            for rec in runs[run]:
+                m = rec["metrics"]
                 cols["ent_first5"].append(st.mean(r["entropy"] for r in m[:5]))
                 cols["ent_last5"].append(st.mean(r["entropy"] for r in m[-5:]))
                 cols["kl_old"].append(st.mean(r["kl_old"] for r in m))

@@ -293,15 +293,13 @@ def test_grad_variance_normalized_vs_unnormalized():
 # ------------------------------------------------------------------------------------------------
 
 def write_logs(root, exp, runs, seeds=(0, 1, 2), steps=10, eval_every=5, groups=None, bandit=False):
-    """Synthetic logs in rpg_ref/train.py's metrics.jsonl / summary.json format, known values:
+    """Synthetic logs in small_scale/logs' layout (<exp>.jsonl: the experiment record, then per run
+    and seed its summary and metrics rows in rpg_ref/train.py's format), known values:
     metric(run r, seed s, step t) = 0.01 * t + 0.1 * r + 0.001 * s."""
     spec = {"runs": {r: {"label": r.upper()} for r in runs}, "groups": groups or {}}
-    (root / exp).mkdir(parents=True, exist_ok=True)
-    (root / exp / "experiment.json").write_text(json.dumps(spec))
+    recs = [{"experiment": spec}]
     for ri, run in enumerate(runs):
         for s in seeds:
-            d = root / exp / run / f"seed{s}"
-            d.mkdir(parents=True)
             rows = []
             for t in range(1, steps + 1):
                 v = 0.01 * t + 0.1 * ri + 0.001 * s
@@ -311,12 +309,14 @@ def write_logs(root, exp, runs, seeds=(0, 1, 2), steps=10, eval_every=5, groups=
                 if t % eval_every == 0 or t == steps:
                     row.update({"eval_expected_reward": v, "eval_p_best": v} if bandit else {"eval_greedy_accuracy": v})
                 rows.append(row)
-            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             summ = {"final": rows[-1]}
             if bandit:
                 summ.update(policy=[0.5, 0.5], rewards=[1.0, 0.0], optimum=[0.6, 0.4], tv_distance=0.1 + 0.01 * s,
                             optimum_note="test")
-            (d / "summary.json").write_text(json.dumps(summ))
+            recs.append({"run": run, "seed": s, "summary": summ})
+            recs += [{"run": run, "seed": s, "metrics": r} for r in rows]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{exp}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
 @pytest.fixture(scope="module")
@@ -359,24 +359,53 @@ def test_training_dynamics_and_last_best_table(logs):
 def test_training_logs_refuse_inconsistent_or_missing(tmp_path):
     """Seeds logged at different steps, a run without logs, or a missing experiment raise a clear error."""
     write_logs(tmp_path, "seq", ["a"], seeds=(0, 1))
-    p = tmp_path / "seq" / "a" / "seed1" / "metrics.jsonl"
-    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-1]))       # drop the last step
+    p = tmp_path / "seq.jsonl"
+    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-1]))       # seed 1 loses its last step
     with pytest.raises(ValueError, match="different steps"):
         training.dynamics_data("seq", logs=tmp_path)
-    spec = json.loads((tmp_path / "seq" / "experiment.json").read_text())
-    spec["runs"]["ghost"] = {}
-    (tmp_path / "seq" / "experiment.json").write_text(json.dumps(spec))
+    lines = p.read_text().splitlines(keepends=True)
+    spec = json.loads(lines[0])
+    spec["experiment"]["runs"]["ghost"] = {}
+    p.write_text(json.dumps(spec) + "\n" + "".join(lines[1:]))
     with pytest.raises(FileNotFoundError, match="run_experiments.py --exp seq"):
         training.load_experiment("seq", tmp_path)
     with pytest.raises(FileNotFoundError, match="run_experiments.py --exp bandit"):
         training.load_experiment("bandit", tmp_path)
-    (tmp_path / "seq" / "a" / "seed0" / "metrics.jsonl").write_text("{not json\n")
+    p.write_text(p.read_text() + "{not json\n")
     with pytest.raises(ValueError, match="not a JSON object"):
-        training.read_jsonl(tmp_path / "seq" / "a" / "seed0" / "metrics.jsonl")
+        training.load_experiment("seq", tmp_path)
+    p.write_text(json.dumps({"run": "a", "seed": 0, "rows": []}) + "\n")
+    with pytest.raises(ValueError, match="without seed and config/summary/metrics"):
+        training.load_experiment("seq", tmp_path)
+
+
+def test_run_experiments_writes_the_layout_the_figures_read(tmp_path):
+    """small_scale/run_experiments.py's writer and paper_figs' reader agree: a log read and written
+    back is the same file, byte for byte (runs in the experiment's order, seeds increasing), and a
+    run added to it is read back whole."""
+    import run_experiments  # small_scale/ (on the path: tests/conftest.py)
+
+    write_logs(tmp_path / "a", "seq", ["a", "b"], seeds=(0, 1), steps=4)
+    log = run_experiments.read_log(tmp_path / "a" / "seq.jsonl")
+    for seeds in log["runs"].values():
+        for r in seeds.values():
+            r["config"] = {"seed": 0}
+    run_experiments.write_log(tmp_path / "b.jsonl", log)
+    again = run_experiments.read_log(tmp_path / "b.jsonl")
+    assert again == log
+    run_experiments.write_log(tmp_path / "c.jsonl", again)
+    assert (tmp_path / "c.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    again["runs"]["b"][2] = {"config": {"seed": 2}, "summary": {"final": {"step": 1}},
+                             "metrics": [{"step": 1, "reward": 0.5}]}
+    run_experiments.write_log(tmp_path / "d.jsonl", again)
+    back = run_experiments.read_log(tmp_path / "d.jsonl")
+    assert list(back["runs"]["b"]) == [0, 1, 2] and back["runs"]["b"][2] == again["runs"]["b"][2]
+    assert not list(tmp_path.glob("*.tmp*"))
+    assert run_experiments.read_log(tmp_path / "none.jsonl")["runs"] == {}
 
 
 def test_bandit_table_from_summaries(logs):
-    """The bandit table reads the trainer's summary.json: TV distance to the analytic optimum per
+    """The bandit table reads the trainer's summaries: TV distance to the analytic optimum per
     seed and the expected reward sum_i p_i R_i of the final and of the optimal policy."""
     t = training.bandit_table_data("bandit", logs)
     np.testing.assert_allclose(t["rows"]["x"]["tv"], [0.10, 0.11, 0.12], rtol=1e-12)
@@ -386,7 +415,7 @@ def test_bandit_table_from_summaries(logs):
 
 def test_committed_small_scale_logs_load():
     """The logs committed in small_scale/logs (what rpg-figs reads in a fresh clone) are complete."""
-    if not (training.DEFAULT_LOGS / "seq" / "experiment.json").exists():
+    if not (training.DEFAULT_LOGS / "seq.jsonl").exists():
         pytest.skip(f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)")
     for exp in ("bandit", "seq", "ablation"):
         ex = training.load_experiment(exp)
@@ -484,7 +513,7 @@ def test_paper_vs_small_scale_side_by_side(tmp_path):
 def test_results_md_has_the_generated_side_by_side():
     """small_scale/RESULTS.md quotes paper_vs_small_scale.md as generated from the committed logs."""
     from paper_figs import results_tables as rt
-    if not (training.DEFAULT_LOGS / "seq" / "experiment.json").exists():
+    if not (training.DEFAULT_LOGS / "seq.jsonl").exists():
         pytest.skip(f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)")
     results_md = (training.DEFAULT_LOGS.parent / "RESULTS.md").read_text()
     pasted = rt.side_by_side_markdown(rt.side_by_side_data()) in results_md
