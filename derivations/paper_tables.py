@@ -267,9 +267,9 @@ def parse_table(src: Source, begin: int, body_start: int, body_end: int) -> dict
     header, body = parsed[:first_body], [p for p in parsed[first_body:] if text[p[0]:p[1]].strip()]
     # columns from the header rows: expand \multicolumn spans, one label per level
     levels = []
-    for a, b, seen, cells, _ in header:
+    for _a, _b, _seen, cells, _ in header:
         expanded = []
-        for x, y, c in cells:
+        for x, _y, c in cells:
             name = unwrap(c)[0]
             expanded += [(name, src.line(x))] * _multicolumn_span(c)
         levels.append(expanded)
@@ -285,7 +285,7 @@ def parse_table(src: Source, begin: int, body_start: int, body_end: int) -> dict
                         "header_line": levels[0][j][1] if levels else None})
     lab = label[0]
     out_rows, out_cells, block = [], [], 0
-    for a, b, seen, cells, _ in body:
+    for _a, _b, seen, cells, _ in body:
         if any(s.startswith("\\midrule") for s in seen) and out_rows:
             block += 1
         color = next((re.search(r"\{([^}]*)\}", s).group(1) for s in seen if s.startswith("\\rowcolor")), None)
@@ -294,7 +294,7 @@ def parse_table(src: Source, begin: int, body_start: int, body_end: int) -> dict
             raise src.error(first, f"{lab}: row has {len(cells)} cells, the header has {ncols}")
         method = unwrap(cells[0][2])[0]
         out_rows.append({"method": method, "line": src.line(first), "block": block, "rowcolor": color})
-        for col, (x, y, c) in zip(columns, cells[1:]):
+        for col, (x, _y, c) in zip(columns, cells[1:]):
             inner, marks = unwrap(c)
             pos = x + len(c) - len(c.lstrip())
             m = _NUMBER.match(inner)

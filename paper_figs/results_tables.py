@@ -159,7 +159,7 @@ def plot_bars(d: dict, out_dir, name: str | None = None):
             top = d["baseline_best"][b][metric]
             if top:
                 ax.axhline(top["value"], color=FAMILY_COLORS["baseline"], ls=ls, lw=1.1)
-        for k, ((bb, m), texts) in enumerate(groups.items(), 1):
+        for k, (bb, m) in enumerate(groups, 1):
             if bb == b:
                 i = d["methods"].index(m)
                 v = max(x for x in (d["bars"][b]["Last"][i], d["bars"][b]["Best"][i]) if x is not None)

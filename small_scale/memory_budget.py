@@ -36,11 +36,11 @@ MAX_VLLM_UTIL = 0.90  # vLLM's share of the GPU; the rest: trainer CUDA context,
 
 def param_count(c: dict) -> dict:
     """Parameter count by part, from a Qwen3 config (attention_bias false, q/k RMSNorm per head)."""
-    H, L, V, I = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    H, L, V, F = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim", H // nh)
     attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 2 * hd       # q, k, v, o, q_norm, k_norm
-    mlp = 3 * H * I                                                     # gate, up, down
+    mlp = 3 * H * F                                                     # gate, up, down
     per_layer = attn + mlp + 2 * H                                      # + two RMSNorms
     embed = V * H
     head = 0 if c.get("tie_word_embeddings", False) else V * H
@@ -84,11 +84,11 @@ def activation_bytes(c: dict, seq: int, resp: int, logit_chunk: int, micro: int 
     logits: one chunk of response tokens (or the whole response, unchunked) at the bytes per
     element above, plus the head weight's bf16 cast and gradient.
     """
-    H, L, V, I = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    H, L, V, F = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
     hd = c.get("head_dim", H // c["num_attention_heads"])
     qkvo = (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
     ckpt = L * micro * seq * H * 2
-    layer = 2 * micro * seq * (qkvo + 4 * I + 4 * H) * 2
+    layer = 2 * micro * seq * (qkvo + 4 * F + 4 * H) * 2
     tokens = micro * (resp + 1) if unchunked else min(micro * resp, logit_chunk)
     logits = tokens * V * LOGIT_BYTES
     return {"checkpoints": ckpt, "layer_recompute": layer, "logits_chunk": logits,

@@ -104,7 +104,7 @@ def test_candidate_ties_are_exactly_the_predicted_ones(setting, horizon):
     nonzero candidate gradient is > 1e-2, far above audit.ZERO_NORM."""
     prob = audit.make_problem(setting, horizon)
     cands = audit.candidate_grads(prob)
-    signed = {k: v for k, v in cands.items()} | {f"-{k}": -v for k, v in cands.items() if k != "no-kl"}
+    signed = dict(cands) | {f"-{k}": -v for k, v in cands.items() if k != "no-kl"}
     for key in ALL_KEYS:
         ties = {k for k, v in signed.items() if audit.rel_err(v, signed[key]) <= TOL}
         assert ties == tie_class(key, setting.ref_is_old, horizon), key

@@ -46,11 +46,11 @@ def test_mean_at_k_and_summary_by_hand():
 
 
 def test_bad_estimator_inputs():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="c=5"):
         ev.pass_at_k(4, 5, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k=5"):
         ev.pass_at_k(4, 1, 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k=0"):
         ev.mean_at_k(4, 1, 0)
     with pytest.raises(ValueError, match="same number of samples"):
         ev.summarize([[True], [True, False]], [1])

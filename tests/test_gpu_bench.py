@@ -32,7 +32,7 @@ def test_step_flops_by_hand():
 def test_mfu_by_hand():
     """12e12 FLOPs in 2 s on a 1000 TFLOP/s GPU: 6e12 FLOP/s / 1e15 = 0.006."""
     assert gb.mfu(12e12, 2.0, 1000.0) == pytest.approx(0.006, rel=1e-14)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="seconds > 0"):
         gb.mfu(1.0, 0.0, 1000.0)
 
 
@@ -123,7 +123,7 @@ def test_rollout_cycles_sum_groups_of_optimizer_steps():
     of 2 optimizer steps take 3 and 7 s (the unfinished fifth step is not a rollout)."""
     assert bench_common.rollout_cycles([0, 1, 3, 6, 10, 15], 2) == [3, 7]
     assert bench_common.rollout_cycles([0, 1, 3], 1) == [1, 2]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="per_rollout must be >= 1"):
         bench_common.rollout_cycles([0, 1], 0)
 
 

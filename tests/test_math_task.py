@@ -303,7 +303,7 @@ def test_bad_model_is_refused(tiny_config, tmp_path):
     (tmp_path / "empty").mkdir()
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
                          str(tmp_path / "empty"), "--math-tokenizer", str(TOKENIZER)), torch.device("cpu"))
-    with pytest.raises(ValueError, match="needs a config.json"):
+    with pytest.raises(ValueError, match=r"needs a config\.json"):
         task.build_policy()
     small = json.loads(Path(tiny_config).read_text()) | {"vocab_size": 1000}
     (tmp_path / "small.json").write_text(json.dumps(small))

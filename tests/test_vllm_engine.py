@@ -75,7 +75,7 @@ def _lp(x):
 
 
 def _completion(index, ids, lps, extra=None):
-    entries = [{t: _lp(l)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, l in zip(ids, lps)]
+    entries = [{t: _lp(lp)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, lp in zip(ids, lps)]
     return NS(index=index, token_ids=ids, logprobs=entries)
 
 
@@ -98,7 +98,7 @@ def test_sampled_logprobs_and_grouping_from_fake_outputs():
 def test_prompt_logprobs_skip_the_first_position():
     ro = NS(prompt_logprobs=[None, {11: _lp(-1.5)}, {12: _lp(-0.5)}])
     assert ve.prompt_logprobs_of(ro, [10, 11, 12]) == [-1.5, -0.5]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected 2 prompt log-prob entries"):
         ve.prompt_logprobs_of(ro, [10, 11])
 
 

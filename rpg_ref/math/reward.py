@@ -42,6 +42,7 @@ a process that holds a CUDA context or threads and never re-imports the caller's
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ import select
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -227,11 +229,10 @@ def _extract(region: str, style: str) -> str | None:
     """The final answer in an answer region (see `extract_answer`); linear in len(region)."""
     if style == "boxed":
         return last_boxed(region)
-    marker = None
-    for marker in _MARKER_RE.finditer(region):  # the last one counts
-        pass
-    if marker is None:
+    last = deque(_MARKER_RE.finditer(region), maxlen=1)  # the last one counts
+    if not last:
         return None
+    marker = last[0]
     rest = region[marker.end():].lstrip(" \t*_}`")
     if not rest.split("\n", 1)[0].strip():  # "**Answer:**" with the answer on the next lines
         rest = rest.lstrip()
@@ -392,10 +393,8 @@ class _Worker:
         self.proc.kill()
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):  # a job still buffered for a dead worker: no one reads it
                 f.close()
-            except OSError:  # a job still buffered for a dead worker: nothing to deliver
-                pass
 
     def stop(self) -> None:
         try:
@@ -467,10 +466,8 @@ class AnswerChecker:
         self.close()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to clean reliably
             self.close()
-        except Exception:  # noqa: BLE001, S110  interpreter shutdown: nothing left to clean reliably
-            pass
 
     # -- checking
     def check(self, preds: Sequence[str | None], golds: Sequence) -> list[bool]:

@@ -29,7 +29,7 @@ class TabularPolicy(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, **_):
         B, L = input_ids.shape
-        keep = L if not logits_to_keep else logits_to_keep
+        keep = logits_to_keep or L
         return SimpleNamespace(logits=self.logits.expand(B, keep, -1))  # [B, keep, K]
 
 
