@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rpg_ref.audit.core import LABELS, ZERO_NORM, Setting
+from rpg_ref.audit.core import LABELS, MATCH_TOL, ZERO_NORM, Setting
 
 
 def label(key: str) -> str:
@@ -41,7 +41,8 @@ def describe_combination(terms: dict[str, float]) -> str:
 
 
 def precision_note(row: dict, err: float) -> str:
-    return "" if row.get("precision", "float64") == "float64" else \
+    """Said only where the verdict needed the loss's lower precision (nothing held to 1e-10)."""
+    return "" if row.get("kl_judged_at", MATCH_TOL) <= MATCH_TOL else \
         f" at {row['precision']} precision, error {err:.2g}"
 
 
