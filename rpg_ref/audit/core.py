@@ -123,8 +123,11 @@ def max_token_ratio(theta: Tensor, old: Tensor) -> float:
 
 
 def scale_to_ratio(old: Tensor, delta: Tensor, target: float) -> Tensor:
-    """theta = old + c delta with the largest per-token ratio equal to target (bisection on c)."""
+    """theta = old + c d with the largest per-token ratio equal to target (bisection on c); d is delta
+    plus a push towards each prefix's least likely token, so that ratios up to 1 / min pi_old are reached."""
     reach = float(torch.log_softmax(old, -1).min().neg().exp())   # sup over directions: 1 / min pi_old
+    push = torch.zeros_like(old).scatter_(-1, old.argmin(-1, keepdim=True), 1.0)
+    delta = delta + 10 * delta.abs().max() * push
     lo, hi = 0.0, 1.0
     while max_token_ratio(old + hi * delta, old) < target:
         hi *= 2
