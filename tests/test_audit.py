@@ -392,9 +392,11 @@ def test_user_objective_is_matched_for_every_theta():
 def test_max_ratio_is_reached_exactly():
     """--max-ratio W: the largest per-token pi_theta/pi_old of the off-policy draws is W."""
     pol = audit.Policies(max_ratio=20.0, logit_scale=2.0)
-    for h in (1, 2, 3):
+    for h in (2, 3):
         p = audit.make_problem(audit.Setting(False, False), h, 0, pol)
         assert abs(audit.max_token_ratio(p.theta, p.old) - 20.0) < 1e-9
+    with pytest.raises(ValueError, match=r"not reached by these policies \(at most 5.83 = 1 / the smallest"):
+        audit.make_problem(audit.Setting(False, False), 1, 0, pol)            # one prefix: min pi_old = 0.17
 
 
 def test_cli_audits_a_loss_file_and_a_module(tmp_path, monkeypatch, capsys):
