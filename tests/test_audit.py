@@ -418,8 +418,10 @@ def test_cli_audits_a_loss_file_and_a_module(tmp_path, monkeypatch, capsys):
             assert audit.rel_err(torch.tensor(r["grad_kl_part"]), torch.tensor(r["kl_targets"]["tok-rkl"])) < 1e-10
         assert len(r["grad_reward_part"]) == len(r["grad_reward_target"]) == 4 * 3
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert audit.main(["--loss", "mine:loss", "--beta", "0.2", "--horizons", "1"]) == 0
-    assert "none (closest" in capsys.readouterr().out                      # beta 0.2: not the loss's 0.1
+    capsys.readouterr()
+    assert audit.main(["--loss", "mine:loss", "--beta", "0.2", "--horizons", "2"]) == 0
+    out = capsys.readouterr().out                                          # told beta 0.2, the loss uses 0.1:
+    assert "| Σt KL(π‖ref) |" not in out and "0.5·Σt KL(π‖ref) (same coefficients on" in out
 
 
 def test_cli_unreachable_ratio_is_one_line(capsys):
