@@ -28,8 +28,8 @@ from audit_expectations import (
 )
 
 from rpg_ref import audit
-from rpg_ref.audit import adapters as audit_adapters
 from rpg_ref.advantages import kl_return_to_go, reinforce_pp
+from rpg_ref.audit import adapters as audit_adapters
 from rpg_ref.exact import Autoregressive
 from rpg_ref.losses import LOSSES
 
