@@ -429,3 +429,22 @@ def test_cli_unreachable_ratio_is_one_line(capsys):
         audit.main(["--only", "rpg-urkl", "--horizons", "1", "--max-ratio", "1e6"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "is not reached" in err and len(err.splitlines()) == 1
+
+
+def test_worked_example_in_docs():
+    """docs/audit.md's single-token example: pi = (1/2, 1/2) on-policy, pi_ref = (0.8, 0.2), beta = 1/2.
+    k3 as a loss: beta (pi - pi_ref) = (-0.15, 0.15) = beta grad KL(ref||pi); w k3: beta grad KL(pi||ref)
+    = (-0.173287, 0.173287); k1: (0, 0). Numbers computed by hand in the doc, checked to 1e-6."""
+    theta = torch.zeros(1, 2, dtype=torch.float64)
+    ref = torch.log(torch.tensor([[0.8, 0.2]], dtype=torch.float64))
+    prob = audit.Problem(Autoregressive(2, 1), theta, theta, ref, torch.zeros(2, dtype=torch.float64))
+    by = {a.name: a for a in ADAPTERS}
+    want = {"verl kl_loss_type=low_var_kl": [-0.15, 0.15], "DeepSeek-V3.2 KL term": [-0.173287, 0.173287],
+            "verl kl_loss_type=kl": [0.0, 0.0]}
+    for name, w in want.items():
+        g = audit.expected_grad(by[name], prob, torch.zeros(2, dtype=torch.float64))
+        assert torch.allclose(g, torch.tensor(w, dtype=torch.float64), atol=1e-6, rtol=0), (name, g)
+    cands = audit.candidate_grads(prob)
+    assert torch.allclose(0.5 * cands["seq-fkl"], torch.tensor([-0.15, 0.15], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(0.5 * cands["seq-rkl"], torch.tensor([-0.173287, 0.173287], dtype=torch.float64),
+                          atol=1e-6)
