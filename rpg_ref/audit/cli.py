@@ -183,6 +183,10 @@ def main(argv=None) -> int:
                      fit=not args.no_fit)
     except ValueError as e:                    # a loss the audit cannot judge, or unreachable --max-ratio
         ap.exit(2, f"rpg-audit: error: {e}\n")
+    except Exception as e:                     # the user's own code failing mid-audit
+        if not args.loss:
+            raise
+        ap.exit(2, f"rpg-audit: error: --loss raised {type(e).__name__} during the audit: {e}\n")
     print(format_table(rows))
     print("\n" + LEGEND + "\n" + LEGEND_MORE)
     for n in notes:
