@@ -55,7 +55,8 @@ def kl_cell(row: dict) -> str:
     if combo:
         return (f"{describe_combination(combo['terms'])} (same coefficients on {combo['draws']} draws)"
                 + precision_note(row, combo["rel_err"]))
-    return f"none (closest {label(row['kl_closest'])}: {row['kl_closest_err']:.2g})"
+    low = "" if row.get("precision", "float64") == "float64" else f"; computed in {row['precision']}"
+    return f"none (closest {label(row['kl_closest'])}: {row['kl_closest_err']:.2g}{low})"
 
 
 def reward_cell(rows: list[dict]) -> str:
