@@ -86,7 +86,10 @@ def math_reward(completions, answer, **_):
 
 
 def main(argv=None):
-    script, args = HfArgumentParser((ScriptArgs, RPGConfig)).parse_args_into_dataclasses(argv)
+    try:  # a bad option is one line, not a traceback
+        script, args = HfArgumentParser((ScriptArgs, RPGConfig)).parse_args_into_dataclasses(argv)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if script.tiny:
         tokenizer = toy_tokenizer()
         model, data, reward = tiny_model(tokenizer, args.seed), toy_data(seed=args.seed), toy_reward
@@ -95,8 +98,11 @@ def main(argv=None):
     else:
         tokenizer = AutoTokenizer.from_pretrained(script.model)
         model, data, reward = script.model, math_data(script.data), math_reward
-    trainer = RPGTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                         processing_class=tokenizer)
+    try:
+        trainer = RPGTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                             processing_class=tokenizer)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     after = list(trainer.model.parameters())
