@@ -32,6 +32,8 @@ class ScriptArgs:
     model: str = field(default="Qwen/Qwen3-4B", metadata={"help": "HF model id or folder"})
     data: str | None = field(default=None, metadata={
         "help": "training problems: a jsonl with 'problem' and 'answer' (rpg_ref.math_data)"})
+    overlong_buffer: int = field(default=512, metadata={
+        "help": "DAPO's soft overlong punishment over the last N tokens (0: none)"})
     tiny: bool = field(default=False, metadata={"help": "random tiny Qwen3 on a toy task (CPU)"})
 
 
@@ -79,7 +81,7 @@ def math_data(path: str) -> Dataset:
 
 
 def math_reward(completions, answer, **_):
-    """+1 for a correct final "Answer:", -1 otherwise (the paper's scoring, no overlong penalty)."""
+    """+1 for a correct final "Answer:", -1 otherwise (the paper's scoring)."""
     from rpg_ref.math_reward import answers_match, extract_answer
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [1.0 if answers_match(extract_answer(t), a) else -1.0 for t, a in zip(texts, answer)]
@@ -97,7 +99,10 @@ def main(argv=None):
         raise SystemExit("--data is required (a jsonl of problems with answers), or use --tiny")
     else:
         tokenizer = AutoTokenizer.from_pretrained(script.model)
-        model, data, reward = script.model, math_data(script.data), math_reward
+        model, data, reward = script.model, math_data(script.data), [math_reward]
+        if script.overlong_buffer:  # the paper's R_length, as TRL implements DAPO's
+            from trl.rewards import get_soft_overlong_punishment
+            reward.append(get_soft_overlong_punishment(args.max_completion_length, script.overlong_buffer))
     try:
         trainer = RPGTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                              processing_class=tokenizer)
