@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -114,9 +115,12 @@ def main(argv=None):
     change = sum(float((a.detach() - b).pow(2).sum()) for a, b in zip(after, before)) ** 0.5
     checksum = sum(float(a.detach().double().sum()) for a in after)
     acc = trainer.accelerator
-    print(f"rank {acc.process_index} of {acc.num_processes} ({acc.distributed_type.value}): "
-          + json.dumps({"rank": acc.process_index, "num_processes": acc.num_processes,
-                        "weight_change": change, "checksum": checksum}), flush=True)
+    report = json.dumps({"rank": acc.process_index, "num_processes": acc.num_processes,
+                         "weight_change": change, "checksum": checksum})
+    # one write per line: the processes share stdout, and print() may split a line in two writes
+    sys.stdout.write(f"rank {acc.process_index} of {acc.num_processes} "
+                     f"({acc.distributed_type.value}): {report}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
