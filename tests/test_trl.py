@@ -33,14 +33,14 @@ B, P, T, TEMPERATURE = 4, 4, 6, 0.7
 LENGTHS = [6, 3, 1, 5]  # response tokens per row (right padding after)
 
 
-def _batch(vocab: int, seed: int = 0):
+def _batch(vocab: int, seed: int = 0, lengths=LENGTHS):
     """TRL's inputs for one batch: no left padding (TRL passes no position ids, so both paths must
     see positions 0..P+T-1), ragged responses, old and reference log-probs off the current ones
     (filled in by _inputs) so that ratios straddle every clip bound."""
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(2, vocab, (B, P), generator=g)
     completion = torch.randint(2, vocab, (B, T), generator=g)
-    mask = (torch.arange(T)[None] < torch.tensor(LENGTHS)[:, None]).long()  # [B, T]
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()  # [B, T]
     completion = completion * mask                                          # pad id 0
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     noise = torch.randn(2, B, T, generator=g, dtype=torch.float64) * 0.4
@@ -63,7 +63,8 @@ class Float64LogProbs(RPGTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                            **kwargs):
         assert input_ids.shape == (B, P + T) and logits_to_keep == T
-        return _rpg_ref_logp(model, input_ids[:, :P], input_ids[:, P:], attention_mask[:, P:]), None, None
+        logp = _rpg_ref_logp(model, input_ids[:, :P], input_ids[:, P:], attention_mask[:, P:])
+        return logp, None, None
 
 
 def _trainer(tmp_path, cls=RPGTrainer, **opts):
@@ -264,3 +265,29 @@ def test_dapo_normalization_is_the_global_token_mean():
         total += torch.autograd.grad(loss * scale, logp)[0] / 2      # DDP: mean over processes
     assert float(ref_grad.abs().max()) > 0
     assert torch.allclose(total, ref_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_trl_empty_rows_count_as_in_trl(tmp_path, loss_type):
+    """A response with no loss token (TRL's mask_truncated_completions) adds nothing and, for
+    TRL's per-row means, still counts as a row: the loss is rpg_ref's over the 3 other rows,
+    times 3/4 for the row means (grpo, dr_grpo), with dr_grpo's 1/max_completion_length."""
+    trainer = _trainer(tmp_path, Float64LogProbs, rpg_loss="rpg-reinforce-rkl", loss_type=loss_type)
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    prompt, completion, mask, adv, noise = _batch(model.config.vocab_size, lengths=[6, 0, 2, 5])
+    with torch.no_grad():
+        old = _rpg_ref_logp(model, prompt, completion, mask) + noise[0] * mask
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
+              "completion_mask": mask, "advantages": adv, "old_per_token_logps": old,
+              "num_items_in_batch": mask.sum()}
+    loss_trl = trainer.compute_loss(model, inputs)
+    keep = torch.tensor([0, 2, 3])
+    agg = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum"}
+    factor = {"dapo": 1.0, "grpo": 3 / 4, "dr_grpo": 3 / 4 / T}[loss_type]
+    logp = _rpg_ref_logp(model, prompt, completion, mask)
+    loss_ref, _ = LOSSES["rpg-reinforce-rkl"](logp[keep], old[keep], adv[keep], mask[keep], beta=1e-4,
+                                              clip=(0.2, 0.2, 10.0), agg=agg[loss_type])
+    assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12
+    assert abs(loss_ref.item()) > 1e-3
