@@ -15,7 +15,7 @@ every TRL setting that contradicts the loss. Option mapping:
     rpg_loss                     the loss (the eight rpg-* losses, grpo, grpo-corrected, dapo)
     rpg_beta                     beta of the loss (None: 1e-4, the paper's; 0 for dapo)
     epsilon / epsilon_high       eps_low / eps_high (epsilon_high None: = epsilon)
-    rpg_dual_clip_c              dual-clip c (> 1; None: no dual bound); rpg_clip=False: no clip
+    rpg_dual_clip_c              dual-clip c (> 1; None or inf: no dual bound); rpg_clip=False: no clip
     importance_sampling_level    level: "token", or "sequence" = the whole response, ratio
                                  pi_theta(y)/pi_old(y) (the product, not GSPO's geometric mean)
     loss_type                    aggregation, TRL's normalizer (LOSS_TYPE_AGG below)
