@@ -169,9 +169,9 @@ class RPGTrainer(GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        logp, _, aux_loss = self._get_per_token_logps_and_entropies(  # [B, T], TRL's own forward
+        logp, entropy, aux_loss = self._get_per_token_logps_and_entropies(  # [B, T] each
             model, input_ids, attention_mask, completion_ids.size(1),
-            compute_aux_loss=self.aux_loss_enabled,
+            compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
             **{k: inputs[k] for k in _FORWARD_KEYS if k in inputs})
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old     # TRL skips it when pi_theta = pi_old exactly
@@ -196,6 +196,10 @@ class RPGTrainer(GRPOTrainer):
             max_completion_length=self.max_completion_length)
         if self.aux_loss_enabled:                       # MoE load balancing, as TRL adds it
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+        if entropy is not None:                         # token-mean over all processes, as TRL logs it
+            totals = self.accelerator.reduce(torch.stack([(entropy.detach() * mask).sum(),
+                                                          mask.sum().to(entropy.dtype)]), reduction="sum")
+            self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         for key in ("kl", "kl_old", "ratio_mean", "clip_frac_low", "clip_frac_high", "clip_frac_dual"):
             value = stats.get(key, torch.zeros((), dtype=torch.float32)).to(logp.device, torch.float32)
             self._metrics[mode][f"rpg/{key}"].append(self.accelerator.gather(value).mean().item())
