@@ -97,20 +97,20 @@ def test_trl_logprobs_match_rpg_ref(tmp_path):
 
 # (loss, RPGConfig options, rpg_ref's aggregation, factor TRL's loss_type puts on top)
 CASES = [
-    ("rpg-fkl", dict(loss_type="grpo"), "seq-mean-token-mean", 1.0),
+    ("rpg-fkl", dict(loss_type="grpo", epsilon=0.1, epsilon_high=0.15), "seq-mean-token-mean", 1.0),
     ("rpg-rkl", dict(importance_sampling_level="sequence", rpg_clip=False, loss_type="luspo"),
      "seq-mean-token-sum", 1.0),
     ("rpg-ufkl", dict(loss_type="dr_grpo", rpg_dual_clip_c=3.0), "seq-mean-token-sum", 1.0 / T),
     ("rpg-urkl", dict(rpg_reference="model", beta=1e-2, rpg_beta=1e-2), "token-mean", 1.0),
     ("rpg-reinforce-fkl", dict(importance_sampling_level="sequence", loss_type="grpo"),
      "seq-mean-token-mean", 1.0),
-    ("rpg-reinforce-rkl", dict(loss_type="bnpo", rpg_dual_clip_c=None), "token-mean", 1.0),
+    ("rpg-reinforce-rkl", dict(loss_type="bnpo", rpg_dual_clip_c=float("inf")), "token-mean", 1.0),
     ("rpg-reinforce-ufkl", dict(rpg_reference="model", beta=0.05, rpg_beta=0.05, loss_type="luspo"),
      "seq-mean-token-sum", 1.0),
-    ("rpg-reinforce-urkl", dict(epsilon_high=0.28, rpg_dual_clip_c=3.0), "token-mean", 1.0),
+    ("rpg-reinforce-urkl", dict(rpg_dual_clip_c=3.0), "token-mean", 1.0),
     ("grpo", dict(rpg_reference="model", beta=0.04, rpg_beta=0.04), "token-mean", 1.0),
     ("grpo-corrected", dict(loss_type="grpo"), "seq-mean-token-mean", 1.0),
-    ("dapo", dict(epsilon_high=0.28), "token-mean", 1.0),
+    ("dapo", dict(), "token-mean", 1.0),
 ]
 
 
@@ -145,7 +145,7 @@ def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
     grads_trl = [p.grad.clone() for p in model.parameters()]
 
     model.zero_grad()
-    clip = None if not a.rpg_clip else (a.epsilon, a.epsilon_high or a.epsilon, a.rpg_dual_clip_c)
+    clip = None if not a.rpg_clip else (a.epsilon, a.epsilon_high, a.rpg_dual_clip_c)
     loss_ref, _ = LOSSES[name](_rpg_ref_logp(model, prompt, completion, mask), old, adv, mask,
                                beta=a.rpg_beta, clip=clip, level=a.importance_sampling_level, agg=agg,
                                ref_logp=ref if a.rpg_reference == "model" else None)
@@ -228,17 +228,23 @@ def test_rpg_config_refuses_contradicting_trl_settings(tmp_path, opts, message):
 
 
 def test_rpg_config_defaults_are_the_papers(tmp_path):
-    """Defaults: beta 1e-4, (eps_low, eps_high, c) = (0.2, 0.2, 10) from TRL's epsilon and the
-    paper's released c, pi_ref = pi_old with no TRL reference model, advantage R - group mean
-    (scale_rewards 'none'); grpo keeps TRL's std-scaled advantage, dapo beta 0."""
+    """Defaults (app:detailed_exp_setup_choices and the released scripts): beta 1e-4,
+    (eps_low, eps_high, c) = (0.2, 0.28, 10), pi_ref = pi_old with no TRL reference model, the
+    advantage R - group mean (scale_rewards 'none'), token-mean (loss_type 'dapo'); grpo keeps
+    its own (0.2, 0.2, no dual bound) and TRL's std-scaled advantage; dapo has beta 0."""
     from rpg_ref.integrations.trl import rpg_clip
-    a = RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+
+    def cfg(**kw):
+        return RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+    a = cfg()
     assert (a.rpg_loss, a.rpg_beta, a.beta, a.rpg_reference) == ("rpg-reinforce-urkl", 1e-4, 0.0, "old")
-    assert rpg_clip(a) == (0.2, 0.2, 10.0) and a.scale_rewards == "none" and a.loss_type == "dapo"
-    g = RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", rpg_loss="grpo")
-    assert g.scale_rewards == "group"
-    d = RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", rpg_loss="dapo")
-    assert d.rpg_beta == 0.0
+    assert rpg_clip(a) == (0.2, 0.28, 10.0) and a.scale_rewards == "none" and a.loss_type == "dapo"
+    g = cfg(rpg_loss="grpo")
+    assert rpg_clip(g) == (0.2, 0.2, None) and g.scale_rewards == "group"
+    d = cfg(rpg_loss="dapo")
+    assert rpg_clip(d) == (0.2, 0.28, None) and d.rpg_beta == 0.0
+    assert rpg_clip(cfg(epsilon_high=0.3, rpg_dual_clip_c=float("inf"))) == (0.2, 0.3, None)
+
 
 
 def test_dapo_normalization_is_the_global_token_mean():
@@ -288,6 +294,6 @@ def test_trl_empty_rows_count_as_in_trl(tmp_path, loss_type):
     factor = {"dapo": 1.0, "grpo": 3 / 4, "dr_grpo": 3 / 4 / T}[loss_type]
     logp = _rpg_ref_logp(model, prompt, completion, mask)
     loss_ref, _ = LOSSES["rpg-reinforce-rkl"](logp[keep], old[keep], adv[keep], mask[keep], beta=1e-4,
-                                              clip=(0.2, 0.2, 10.0), agg=agg[loss_type])
+                                              clip=(0.2, 0.28, 10.0), agg=agg[loss_type])
     assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12
     assert abs(loss_ref.item()) > 1e-3

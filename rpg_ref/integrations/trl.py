@@ -1,8 +1,7 @@
-"""TRL integration: every RPG loss inside TRL's GRPOTrainer (TRL >= 1.0; tested with TRL 1.16).
+"""TRL integration: every RPG loss inside TRL's GRPOTrainer (written against TRL 1.16.0, the version run).
 
     from rpg_ref.integrations.trl import RPGConfig, RPGTrainer
-    args = RPGConfig(output_dir="out", rpg_loss="rpg-reinforce-urkl", rpg_beta=1e-4,
-                     epsilon=0.2, epsilon_high=0.28, rpg_dual_clip_c=10.0)
+    args = RPGConfig(output_dir="out", rpg_loss="rpg-reinforce-urkl")  # the paper's beta, clip
     RPGTrainer(model="Qwen/Qwen3-4B", reward_funcs=reward, args=args, train_dataset=ds).train()
 
 RPGTrainer is GRPOTrainer with one method replaced, ``_compute_loss`` (the hook TRL's own
@@ -14,8 +13,11 @@ every TRL setting that contradicts the loss. Option mapping:
 
     rpg_loss                     the loss (the eight rpg-* losses, grpo, grpo-corrected, dapo)
     rpg_beta                     beta of the loss (None: 1e-4, the paper's; 0 for dapo)
-    epsilon / epsilon_high       eps_low / eps_high (epsilon_high None: = epsilon)
-    rpg_dual_clip_c              dual-clip c (> 1; None or inf: no dual bound); rpg_clip=False: no clip
+    epsilon / epsilon_high       eps_low / eps_high (epsilon_high None: the paper's 0.28 for the
+                                 rpg losses and dapo, 0.2 for grpo)
+    rpg_dual_clip_c              dual-clip c > 1, inf: no dual bound (None: 10, the paper's released
+                                 scripts, for the rpg losses; none for grpo/dapo); rpg_clip=False:
+                                 no clipping (rpg losses)
     importance_sampling_level    level: "token", or "sequence" = the whole response, ratio
                                  pi_theta(y)/pi_old(y) (the product, not GSPO's geometric mean)
     loss_type                    aggregation, TRL's normalizer (LOSS_TYPE_AGG below)
@@ -44,9 +46,9 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from rpg_ref.config import PAPER_HPARAMS
 from rpg_ref.losses import LOSSES, SPECS, check_options, default_beta, parse_clip
 
-PAPER_BETA = 1e-4
 SUPPORTED = [n for n in LOSSES if not SPECS[n].kl_in_reward and SPECS[n].advantage.startswith("group")]
 # TRL loss_type -> rpg aggregation; TRL's normalizer is applied on top (trl_scale)
 LOSS_TYPE_AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
@@ -62,8 +64,9 @@ class RPGConfig(GRPOConfig):
     rpg_loss: str = field(default="rpg-reinforce-urkl", metadata={"help": f"one of {SUPPORTED}"})
     rpg_beta: float | None = field(default=None, metadata={
         "help": "KL coefficient of the rpg loss (None: 1e-4, the paper's; 0 for dapo)"})
-    rpg_dual_clip_c: float | None = field(default=10.0, metadata={
-        "help": "dual-clip bound c > 1 (None: none); eps_low/eps_high are epsilon/epsilon_high"})
+    rpg_dual_clip_c: float | None = field(default=None, metadata={
+        "help": "dual-clip bound c > 1, inf: none (None: 10, the paper's released scripts, for the "
+                "rpg losses; none for grpo/dapo); eps_low/eps_high are epsilon/epsilon_high"})
     rpg_clip: bool = field(default=True, metadata={"help": "False: no clipping (rpg losses only)"})
     rpg_reference: str = field(default="old", metadata={
         "help": "'old': pi_ref = pi_old (the paper); 'model': TRL's reference model (beta = rpg_beta)"})
@@ -77,7 +80,12 @@ class RPGConfig(GRPOConfig):
             raise ValueError(f"rpg_loss {self.rpg_loss!r} cannot run in TRL{why}; choose one of "
                              f"{', '.join(SUPPORTED)}")
         if self.rpg_beta is None:
-            self.rpg_beta = default_beta(self.rpg_loss, PAPER_BETA)
+            self.rpg_beta = default_beta(self.rpg_loss, PAPER_HPARAMS["beta"])
+        own = SPECS[self.rpg_loss].default_clip     # a PPO-type loss's own; else the paper's RPG clip
+        if self.epsilon_high is None:
+            self.epsilon_high = own[1] if own else PAPER_HPARAMS["clip_rpg"][1]
+        if self.rpg_dual_clip_c is None:
+            self.rpg_dual_clip_c = own[2] if own else PAPER_HPARAMS["dual_clip_c_released_code"]
         if self.scale_rewards is None:
             self.scale_rewards = SCALE_REWARDS[SPECS[self.rpg_loss].advantage]
         super().__post_init__()
