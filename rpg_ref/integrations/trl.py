@@ -1,4 +1,4 @@
-"""TRL integration: every RPG loss inside TRL's GRPOTrainer (written against TRL 1.16.0, the version run).
+"""TRL integration: every RPG loss inside TRL's GRPOTrainer (written against TRL 1.16.0).
 
     from rpg_ref.integrations.trl import RPGConfig, RPGTrainer
     args = RPGConfig(output_dir="out", rpg_loss="rpg-reinforce-urkl")  # the paper's beta, clip
