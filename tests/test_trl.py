@@ -297,3 +297,24 @@ def test_trl_empty_rows_count_as_in_trl(tmp_path, loss_type):
                                               clip=(0.2, 0.28, 10.0), agg=agg[loss_type])
     assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12
     assert abs(loss_ref.item()) > 1e-3
+
+
+@pytest.mark.parametrize("schedule", [dict(num_iterations=2), dict(steps_per_generation=2)])
+def test_trl_iterative_reference_is_the_rollout_policy(tmp_path, schedule):
+    """pi_ref = pi_old in TRL's terms: a batch that serves two updates (num_iterations=2, or two
+    optimizer steps per generation) is scored at the second update against the policy that
+    generated it. Update 1: pi_theta = pi_old exactly (ratio 1, KL(pi_theta || pi_old) = 0);
+    update 2: the ratio moved off 1 and the KL to pi_old is positive, so pi_old was held fixed
+    while pi_theta changed."""
+    tok = example.toy_tokenizer()
+    args = RPGConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none",
+                     per_device_train_batch_size=8, num_generations=4, max_completion_length=6,
+                     learning_rate=1e-2, max_steps=2, logging_steps=1, save_strategy="no",
+                     rpg_beta=0.01, **schedule)
+    trainer = RPGTrainer(model=example.tiny_model(tok), reward_funcs=example.toy_reward, args=args,
+                         train_dataset=example.toy_data(16), processing_class=tok)
+    trainer.train()
+    logs = [x for x in trainer.state.log_history if "rpg/kl_old" in x]
+    assert len(logs) == 2
+    assert logs[0]["rpg/kl_old"] < 1e-10
+    assert logs[1]["rpg/kl_old"] > 1e-6
