@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 from rpg_ref.audit.adapter import BETA, Adapter
-from rpg_ref.audit.core import HORIZONS, Policies, audit
+from rpg_ref.audit.core import HORIZONS, Policies
 from rpg_ref.audit.report import LEGEND, LEGEND_MORE, format_table, to_markdown
+from rpg_ref.audit.run import audit
 
 
 class UserError(Exception):
