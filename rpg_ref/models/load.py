@@ -34,12 +34,12 @@ def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = 
     config_file = path if path.is_file() else path / "config.json"
     if path.is_file() or (path.is_dir() and not any((path / w).exists() for w in WEIGHT_FILES)):
         if not config_file.is_file():
-            raise ValueError(f"--math-model {spec!r}: a folder without weights needs a config.json")
+            raise ValueError(f"{spec!r}: a folder without weights needs a config.json")
         try:
             d = json.loads(config_file.read_text())
             mcfg = AutoConfig.for_model(d.pop("model_type"), **d)
         except (json.JSONDecodeError, KeyError, ValueError) as e:
-            raise ValueError(f"--math-model {spec!r}: not a usable model config.json ({e})") from e
+            raise ValueError(f"{spec!r}: not a usable model config.json ({e})") from e
         with torch.device(device):
             return AutoModelForCausalLM.from_config(mcfg, dtype=torch_dtype,
                                                     attn_implementation=attn_implementation)
@@ -47,7 +47,7 @@ def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = 
         return AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype,
                                                     attn_implementation=attn_implementation)
     except OSError as e:
-        raise ValueError(f"--math-model {spec!r}: not a checkpoint folder, config.json or a "
+        raise ValueError(f"{spec!r}: not a checkpoint folder, config.json or a "
                          f"reachable Hugging Face model id ({e})") from e
 
 

@@ -196,7 +196,8 @@ class MathTask:
     # --- Task protocol -------------------------------------------------------------------------
     def build_policy(self) -> nn.Module:
         o = self.opt
-        model = load_hf_model(o.model, o.dtype, o.attn_implementation, self.device)
+        model = _flagged("--math-model", o.model, load_hf_model, o.model, o.dtype,
+                         o.attn_implementation, self.device)
         n_vocab = model.get_input_embeddings().weight.shape[0]
         if len(self.tokenizer) > n_vocab:
             raise ValueError(f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
