@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import rpg_ref.losses as L
+from rpg_ref import distributed as D
 from rpg_ref.checkpoint import latest_step
 from rpg_ref.config import DEFAULT_PRESET, PRESETS, Config, fill_options, preset_for, validate
 from rpg_ref.registry import ENGINES, TASKS, resolve
@@ -165,6 +166,9 @@ def main(argv: list | None = None) -> int:
         print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
               f"(pass --steps N to extend it)")
     s = train(cfg, run)
+    D.shutdown()
+    if not D.is_main():
+        return 0
     f = s["final"]
     print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
           f"accuracy={f.get('accuracy', float('nan')):.3f}"
