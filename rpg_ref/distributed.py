@@ -31,11 +31,13 @@ bit for bit what it was without this module.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -131,16 +133,34 @@ def shard(model: nn.Module | None) -> nn.Module | None:
     shards the same model. Gradients are reduce-scattered as a SUM (see the module docstring)."""
     if model is None or not active():
         return model
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    model.register_forward_hook(_visible_to_fsdp)  # runs before FSDP's own post-forward hook
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, 0)
     for layer in _decoder_layers(model):
         fully_shard(layer)
-    fully_shard(model)
-    model.set_gradient_divide_factor(1.0)
+    # the root stays unsharded from forward to backward: its output may be a view of a parameter
+    # (the bandit's logits), which resharding would free (torchtitan does the same for the root)
+    fully_shard(model, reshard_after_forward=False)
+    for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):
+        unit.set_gradient_divide_factor(1.0)  # the gradients' plain SUM over the ranks ...
+        unit.set_force_sum_reduction_for_comms(True)  # ... as a SUM collective (gloo: no PREMUL_SUM)
     return model
+
+
+def _visible_to_fsdp(module, args, out):
+    """Forward hook: FSDP2 looks for a forward's output tensors in tuples, lists, dicts (Hugging
+    Face outputs) and dataclasses, and its gradient reduce-scatter waits for a hook on them; a
+    SimpleNamespace output (the bandit's TabularPolicy) becomes a dataclass with the same fields."""
+    if not isinstance(out, SimpleNamespace):
+        return out
+    cls = _OUTPUT_CLASSES.setdefault(tuple(vars(out)), dataclasses.make_dataclass("Output", list(vars(out))))
+    return cls(**vars(out))
+
+
+_OUTPUT_CLASSES: dict = {}
 
 
 def _decoder_layers(model: nn.Module) -> list:
@@ -166,7 +186,7 @@ def gathered(model: nn.Module | None):
     finally:
         for u in units:
             u.reshard()
-            u.set_reshard_after_forward(True, recurse=False)
+            u.set_reshard_after_forward(u is not model, recurse=False)
 
 
 # =============================================================================================
