@@ -53,7 +53,7 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
                     keep: int = 1) -> None:
     """Write checkpoints/step_XXXXXX into a temp dir, rename it into place, point LATEST at it,
     then delete all but the latest ``keep`` checkpoints (0: keep all)."""
-    from safetensors.torch import save_file, save_model
+    from safetensors.torch import save_model
 
     from rpg_ref import distributed as D
 
@@ -75,7 +75,7 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
         torch.save(rng, tmp / "rng.pt")
     else:  # the full state of a sharded run (rpg_ref.distributed.full_states)
         for name, content in full.items():
-            (save_file if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
+            (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
     (tmp / "state.json").write_text(json.dumps({"step": step, "config": dataclasses.asdict(cfg),
                                                 "world_size": D.world()}))
     shutil.rmtree(final, ignore_errors=True)

@@ -31,6 +31,7 @@ bit for bit what it was without this module.
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import json
 import os
@@ -69,6 +70,13 @@ def active() -> bool:
 def check_config(cfg, n_ranks: int | None = None) -> None:
     """What a run of ``n_ranks`` processes needs (ValueError naming the fix, before any work)."""
     W = n_ranks or world()
+    if cfg.resume:
+        stored = checkpoint_world_size(Path(cfg.resume))
+        if stored not in (None, W):
+            how = "one process (no torchrun)" if stored == 1 else f"torchrun --nproc_per_node {stored}"
+            raise ValueError(f"--resume {cfg.resume}: its checkpoint was written by {stored} rank(s), "
+                             f"this run has {W}; a run resumes only on the same number: use {how} "
+                             f"(its model.safetensors is the full policy, loadable anywhere)")
     if W == 1:
         return
     N, M = cfg.prompts_per_step * cfg.group_size, cfg.mini_batch_size
@@ -81,11 +89,6 @@ def check_config(cfg, n_ranks: int | None = None) -> None:
                          f"per rank and must divide each rank's mini-batch ({M} / {W} ranks = {M // W})")
     if not cfg.dist_timeout > 0:
         raise ValueError(f"bad configuration: --dist-timeout must be > 0 seconds, got {cfg.dist_timeout}")
-    if cfg.resume:
-        stored = checkpoint_world_size(Path(cfg.resume))
-        if stored not in (None, W):
-            raise ValueError(f"--resume {cfg.resume}: its checkpoint was written by {stored} rank(s) and "
-                             f"resumes bitwise only on {stored}; run torchrun --nproc_per_node {stored}")
 
 
 def checkpoint_world_size(out: Path) -> int | None:
@@ -100,9 +103,9 @@ def checkpoint_world_size(out: Path) -> int | None:
 def init(cfg, device: torch.device) -> torch.device:
     """Join torchrun's process group (gloo on CPU, NCCL on CUDA); returns this rank's device.
     One process: nothing happens and ``device`` is returned as it is."""
+    check_config(cfg)
     if world() == 1:
         return device
-    check_config(cfg)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -136,6 +139,8 @@ def shard(model: nn.Module | None) -> nn.Module | None:
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     model.register_forward_hook(_visible_to_fsdp)  # runs before FSDP's own post-forward hook
+    _TEMPLATES[id(model)] = copy.deepcopy(model).to("meta")  # for plain_copy: no memory held
+    _hidden_through_root(model)
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, 0)
@@ -150,6 +155,25 @@ def shard(model: nn.Module | None) -> nn.Module | None:
     return model
 
 
+def _hidden_through_root(model: nn.Module) -> None:
+    """rpg_ref.logprobs applies the LM head in chunks to the hidden states it gets from
+    ``lm_parts``, which calls the inner model directly: that would skip the root's FSDP hooks (the
+    embeddings, final norm and head stay sharded, their gradients are never reduced). Sharded, the
+    hidden states come from the root's own forward (output_hidden_states: the last entry is the
+    final norm's output, last_hidden_state) and the head runs on the root's unsharded weights."""
+    from rpg_ref.logprobs import LMParts, lm_parts
+
+    parts = lm_parts(model)
+    if parts is None:
+        return
+
+    def hidden(**inputs):
+        out = model(**inputs, logits_to_keep=1, output_hidden_states=True, use_cache=False)
+        return out.hidden_states[-1]  # [B, L, H]
+
+    model.lm_parts = lambda: LMParts(hidden, parts.head, parts.vocab_size)
+
+
 def _visible_to_fsdp(module, args, out):
     """Forward hook: FSDP2 looks for a forward's output tensors in tuples, lists, dicts (Hugging
     Face outputs) and dataclasses, and its gradient reduce-scatter waits for a hook on them; a
@@ -161,6 +185,7 @@ def _visible_to_fsdp(module, args, out):
 
 
 _OUTPUT_CLASSES: dict = {}
+_TEMPLATES: dict = {}  # id(sharded model) -> its unsharded twin on the meta device
 
 
 def _decoder_layers(model: nn.Module) -> list:
@@ -342,43 +367,67 @@ def on_main(fn):
 # =============================================================================================
 
 
+def plain_copy(model: nn.Module | None) -> nn.Module | None:
+    """Every rank calls this (collective): rank 0 gets an ordinary, unsharded module with the full
+    weights on the CPU (what a task's summary, save_model and save_pretrained expect), the others
+    None. One process: ``model`` itself."""
+    if model is None or not active():
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main():
+        return None
+    plain = _TEMPLATES[id(model)].to_empty(device="cpu")
+    plain.load_state_dict(sd)
+    with torch.no_grad():  # buffers are not sharded (and non-persistent ones are not in sd)
+        for (_, dst), (_, src) in zip(plain.named_buffers(), model.named_buffers()):
+            dst.copy_(src)
+    return plain
+
+
 def full_states(policy, ref, opt, rng: dict) -> dict | None:
-    """Every rank calls this (collective): rank 0 gets {file name: content} of the checkpoint's
-    full model, pi_ref, optimizer and every rank's RNG state; the others {}. One process: None."""
+    """Every rank calls this (collective): rank 0 gets {file name: content} of the checkpoint (the
+    policy and pi_ref as plain modules for save_model, so the files are a single process's; the
+    full optimizer state; every rank's RNG state), the others {}. One process: None."""
     if not active():
         return None
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    files = {"model.safetensors": get_model_state_dict(policy, options=full),
+    files = {"model.safetensors": plain_copy(policy),
              "optimizer.pt": get_optimizer_state_dict(policy, opt, options=full)}
     if ref is not None:
-        files["ref.safetensors"] = get_model_state_dict(ref, options=full)
+        files["ref.safetensors"] = plain_copy(ref)
     ranks = [None] * world()
     dist.all_gather_object(ranks, rng)
     files["rng.pt"] = {**rng, "ranks": ranks}
     return files if is_main() else {}
 
 
+def _load_model(model: nn.Module, path: Path) -> None:
+    """A save_model file (tied weights stored once) into this rank's shards."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    sd, names = load_file(str(path)), {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for tied in names.values():  # every name of a tied parameter, from the one stored
+        stored = next((sd[n] for n in tied if n in sd), None)
+        sd.update({n: stored for n in tied if stored is not None})
+    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True))
+
+
 def load_full_states(ck: Path, policy, ref, opt) -> dict:
     """Load checkpoint folder ``ck`` into this rank's shards; returns this rank's RNG state."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    full = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(policy, load_file(str(ck / "model.safetensors")), options=full)
+    _load_model(policy, ck / "model.safetensors")
     if ref is not None:
-        set_model_state_dict(ref, load_file(str(ck / "ref.safetensors")), options=full)
+        _load_model(ref, ck / "ref.safetensors")
     osd = torch.load(ck / "optimizer.pt", weights_only=True)
-    set_optimizer_state_dict(policy, opt, osd, options=full)
+    set_optimizer_state_dict(policy, opt, osd, options=StateDictOptions(full_state_dict=True))
     return torch.load(ck / "rng.pt", weights_only=True)["ranks"][rank()]
 
 

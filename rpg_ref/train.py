@@ -349,8 +349,8 @@ def train(cfg: Config, run: Run | None = None) -> dict:
 
     if live_params is None:
         live_params = live_parameter_count()
-    with D.gathered(policy):
-        task_summary = task.summary(policy, cfg)
+    plain = D.plain_copy(policy)  # torchrun: rank 0 summarizes (and may export) a plain copy
+    task_summary = D.on_main(lambda: task.summary(plain, cfg))
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params, "world_size": D.world(),
