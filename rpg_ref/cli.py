@@ -165,7 +165,15 @@ def main(argv: list | None = None) -> int:
     if run is None:
         print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
               f"(pass --steps N to extend it)")
-    s = train(cfg, run)
+    try:
+        s = train(cfg, run)
+    except Exception as e:
+        if not D.peer_failure(e):
+            raise
+        print(f"rpg-train: rank {D.rank()} stopped: another rank died or stopped responding "
+              f"({str(e).splitlines()[0][:160]}); torchrun's report names the rank that failed first",
+              file=sys.stderr)
+        return 1
     D.shutdown()
     if not D.is_main():
         return 0

@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import json
 import os
+import warnings
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -139,6 +140,8 @@ def shard(model: nn.Module | None) -> nn.Module | None:
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     model.register_forward_hook(_visible_to_fsdp)  # runs before FSDP's own post-forward hook
+    # a forward may return a view of a parameter (the bandit); nothing here modifies one in place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     _TEMPLATES[id(model)] = copy.deepcopy(model).to("meta")  # for plain_copy: no memory held
     _hidden_through_root(model)
     with torch.no_grad():
@@ -429,6 +432,12 @@ def load_full_states(ck: Path, policy, ref, opt) -> dict:
     osd = torch.load(ck / "optimizer.pt", weights_only=True)
     set_optimizer_state_dict(policy, opt, osd, options=StateDictOptions(full_state_dict=True))
     return torch.load(ck / "rng.pt", weights_only=True)["ranks"][rank()]
+
+
+def peer_failure(e: BaseException) -> bool:
+    """An error of the process group (another rank died, or a collective timed out)."""
+    return active() and (isinstance(e, dist.DistError)
+                         or (isinstance(e, RuntimeError) and "gloo" in str(e)))
 
 
 def shutdown() -> None:

@@ -161,11 +161,14 @@ def killed_rank(tmp_path_factory) -> dict:
 
 
 def test_killed_rank_stops_the_run_within_seconds(killed_rank):
-    """SIGKILL of rank 1 mid-run ends the whole torchrun job within 15 s (no hang), with a
-    non-zero exit status and torchrun's report naming the rank and the signal."""
+    """SIGKILL of rank 1 mid-run ends the whole torchrun job within 15 s (no hang; about 4 s on the
+    2-core machine), with a non-zero exit status, one line from rank 0 saying why it stopped, and
+    torchrun's report naming the rank and the signal."""
+    err = killed_rank["stderr"]
     assert killed_rank["returncode"] != 0
     assert killed_rank["seconds"] < 15, killed_rank["seconds"]
-    assert "SIGKILL" in killed_rank["stderr"] and "rank      : 1" in killed_rank["stderr"]
+    assert "rpg-train: rank 0 stopped: another rank died or stopped responding" in err
+    assert "SIGKILL" in err and "rank      : 1" in err
     assert killed_rank["steps_before"] < config.PRESETS["bandit"]["steps"]
 
 
