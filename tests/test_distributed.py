@@ -210,3 +210,34 @@ def test_configurations_that_cannot_be_split_are_refused():
     cfg.micro_batch_size = 48
     with pytest.raises(ValueError, match="each rank's mini-batch"):
         D.check_config(cfg, n_ranks=2)
+
+
+def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
+    """A rank that stops responding (SIGSTOP) makes the other rank's next collective time out
+    after --dist-timeout seconds (10 here): rank 0 prints its one-line reason (gloo's timeout)
+    between 10 and 30 s after the stop, and the job ends with a non-zero status once the stopped
+    rank can take torchrun's SIGTERM (it is continued after rank 0's line)."""
+    import threading
+
+    out = tmp_path / "run"
+    p = torchrun(["-m", "rpg_ref.cli", *BANDIT, "--dist-timeout", "10", "--out", str(out)])
+    pid = _rank_pid(p.pid, 1)
+    lines = []
+    reader = threading.Thread(target=lambda: [lines.append((time.time(), ln)) for ln in p.stderr],
+                              daemon=True)
+    reader.start()
+    while not (out / "metrics.jsonl").exists():
+        assert p.poll() is None, "the run ended before its first step"
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    try:
+        while not any("rank 0 stopped" in ln for _, ln in lines):
+            assert time.time() - t_stop < 120, "no rank reported the hang within 120 s"
+            time.sleep(0.1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    t_line, line = next((t, ln) for t, ln in lines if "rank 0 stopped" in ln)
+    assert 10 <= t_line - t_stop < 30, t_line - t_stop
+    assert "Timed out" in line
+    assert p.wait(timeout=120) != 0
