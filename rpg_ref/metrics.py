@@ -118,11 +118,15 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def live_parameter_count() -> int:
-    """Elements in all nn.Parameter objects alive in this process (counts every model copy)."""
+    """Elements in all nn.Parameter objects alive in this process (counts every model copy).
+    Only elements with memory count: a sharded (DTensor) parameter counts this rank's shard, and
+    meta-device or freed parameters (FSDP's resharded full-size views) count nothing."""
     gc.collect()
     seen, n = set(), 0
     for obj in gc.get_objects():
-        if issubclass(type(obj), nn.Parameter) and id(obj) not in seen:
+        if isinstance(obj, nn.Parameter) and id(obj) not in seen:  # DTensor parameters too
             seen.add(id(obj))
-            n += obj.numel()
+            t = obj.to_local() if hasattr(obj, "to_local") else obj
+            if t.device.type != "meta" and t.untyped_storage().size() > 0:
+                n += t.numel()
     return n
