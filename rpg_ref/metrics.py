@@ -124,7 +124,11 @@ def live_parameter_count() -> int:
     gc.collect()
     seen, n = set(), 0
     for obj in gc.get_objects():
-        if isinstance(obj, nn.Parameter) and id(obj) not in seen:  # DTensor parameters too
+        kind = type(obj)  # not isinstance(): that would read attributes of every object
+        # a DTensor parameter keeps its own type and is marked _is_param
+        is_param = issubclass(kind, nn.Parameter) or (
+            issubclass(kind, torch.Tensor) and getattr(obj, "_is_param", False))
+        if is_param and id(obj) not in seen:
             seen.add(id(obj))
             t = obj.to_local() if hasattr(obj, "to_local") else obj
             if t.device.type != "meta" and t.untyped_storage().size() > 0:
