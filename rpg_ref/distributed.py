@@ -142,7 +142,7 @@ def shard(model: nn.Module | None) -> nn.Module | None:
     model.register_forward_hook(_visible_to_fsdp)  # runs before FSDP's own post-forward hook
     # a forward may return a view of a parameter (the bandit); nothing here modifies one in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-    _TEMPLATES[id(model)] = copy.deepcopy(model).to("meta")  # for plain_copy: no memory held
+    _TEMPLATES[id(model)] = (copy.deepcopy(model).to("meta"), _tied(model))  # for plain_copy
     _hidden_through_root(model)
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
@@ -188,7 +188,15 @@ def _visible_to_fsdp(module, args, out):
 
 
 _OUTPUT_CLASSES: dict = {}
-_TEMPLATES: dict = {}  # id(sharded model) -> its unsharded twin on the meta device
+_TEMPLATES: dict = {}  # id(sharded model) -> (its unsharded twin on the meta device, tied names)
+
+
+def _tied(model: nn.Module) -> list:
+    """Groups of parameter names that are one tensor (a tied embedding and LM head)."""
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 def _decoder_layers(model: nn.Module) -> list:
@@ -381,8 +389,13 @@ def plain_copy(model: nn.Module | None) -> nn.Module | None:
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not is_main():
         return None
-    plain = _TEMPLATES[id(model)].to_empty(device="cpu")
+    template, tied = _TEMPLATES[id(model)]
+    plain = template.to_empty(device="cpu")
     plain.load_state_dict(sd)
+    for group in tied:  # moving to and from the meta device unties them: tie them again
+        for name in group[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(plain.get_submodule(owner), attr, plain.get_parameter(group[0]))
     with torch.no_grad():  # buffers are not sharded (and non-persistent ones are not in sd)
         for (_, dst), (_, src) in zip(plain.named_buffers(), model.named_buffers()):
             dst.copy_(src)
@@ -413,12 +426,10 @@ def _load_model(model: nn.Module, path: Path) -> None:
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    sd, names = load_file(str(path)), {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    for tied in names.values():  # every name of a tied parameter, from the one stored
-        stored = next((sd[n] for n in tied if n in sd), None)
-        sd.update({n: stored for n in tied if stored is not None})
+    sd = load_file(str(path))
+    for group in _tied(model):  # every name of a tied parameter, from the one stored
+        stored = next((sd[n] for n in group if n in sd), None)
+        sd.update({n: stored for n in group if stored is not None})
     set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True))
 
 

@@ -241,3 +241,36 @@ def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
     assert 10 <= t_line - t_stop < 30, t_line - t_stop
     assert "Timed out" in line
     assert p.wait(timeout=120) != 0
+
+
+def test_math_task_on_2_ranks_trains_and_exports(tmp_path):
+    """The math task (the paper's recipe's code path: MathPolicy under bf16 autocast with gradient
+    checkpointing, the hf engine's bf16 copy, the real Qwen3 tokenizer, AMC23 problems) runs 2
+    steps on 2 ranks with a 2-layer Qwen3; rank 0 writes the run, and its Hugging Face export
+    holds the checkpoint's full policy (every tensor equal)."""
+    from safetensors.torch import load_file
+
+    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+
+    if not (data_dir() / "tokenizer" / "qwen3").exists():
+        pytest.skip("shared data absent: set RPG_DATA_DIR")
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(tiny_qwen3_config()))
+    out = tmp_path / "run"
+    finish(torchrun(["-m", "rpg_ref.cli", "--task", "math", "--math-model", str(model),
+                     "--math-train-data", "amc23", "--math-eval-data", "aime24", "--math-eval-limit", "2",
+                     "--math-eval-n", "2", "--math-eval-k", "1", "2", "--math-checker", "normalizer",
+                     "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+                     "--mini-batch-size", "2", "--micro-batch-size", "1", "--max-new-tokens", "4",
+                     "--overlong-buffer", "0", "--no-dynamic-sampling", "--device", "cpu",
+                     "--math-dtype", "bf16-autocast", "--math-gradient-checkpointing",
+                     "--out", str(out), "--no-progress"]))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["world_size"] == 2 and len(rows(out)) == 2 and "eval_aime24_mean@2" in s["eval"]
+    exported = load_file(str(out / "hf" / "model.safetensors"))
+    trained = load_file(str(out / "checkpoints" / "step_000002" / "model.safetensors"))
+    trained = {k.removeprefix("module."): v for k, v in trained.items()}
+    trained = {("model.embed_tokens.weight" if k == "lm_head.weight" else k): v for k, v in trained.items()}
+    assert exported.keys() == trained.keys()
+    for k, v in trained.items():
+        assert torch.equal(exported[k], v), k
