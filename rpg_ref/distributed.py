@@ -110,8 +110,8 @@ def init(cfg, device: torch.device) -> torch.device:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+    if not dist.is_initialized():  # on CUDA the small CPU tensors of our reductions go through gloo
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(seconds=cfg.dist_timeout))
     return device
 
