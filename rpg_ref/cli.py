@@ -26,7 +26,8 @@ from rpg_ref.config import DEFAULT_PRESET, PRESETS, Config, fill_options, preset
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.train import finished, prepare, train
 
-RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints")
+RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints",
+                     "dist_timeout")
 
 
 def _cli_type(tp) -> Any:

@@ -25,6 +25,9 @@ bar, and the memory probes.
     time_rollout, time_scoring, time_logprob, time_update, time_step   seconds per phase
     peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
     eval_*                 task evaluation (every --eval-every steps and at the end)
+
+Under torchrun (rpg_ref/distributed.py) every value covers all ranks' responses; time_* are rank
+0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 """
 
 from __future__ import annotations
