@@ -77,6 +77,32 @@ def one_process_update(model, b, cfg):
         D.active, D.world = active, world
 
 
+def advantages_check() -> dict:
+    """Every estimator through rpg_ref.distributed.advantages on this rank's rows (12 responses in
+    groups of 4: the middle group spans both ranks; each rank's tensors cut to its own longest
+    response) against rpg_ref.advantages on the whole batch: max |difference| per estimator."""
+    from rpg_ref.advantages import ADVANTAGES, compute_advantages
+
+    g = torch.Generator().manual_seed(3)
+    n, G, T = 12, 4, 6
+    lengths = torch.randint(1, T + 1, (n,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).double()  # [n, T]
+    rewards = torch.randint(0, 3, (n,), generator=g).double()
+    old, ref = (torch.randn(n, T, generator=g, dtype=torch.float64) * mask for _ in range(2))
+    lo, hi = D.share(n)
+    t = int(lengths[lo:hi].max())
+    out = {}
+    for name in ADVANTAGES:
+        want = compute_advantages(name, rewards, G, mask=mask, old_logp=old, ref_logp=ref, beta=0.1)
+        got = D.advantages(compute_advantages, name, rewards[lo:hi], G, mask=mask[lo:hi, :t],
+                           old_logp=old[lo:hi, :t], ref_logp=ref[lo:hi, :t], beta=0.1)
+        want = want[lo:hi, :t] if want.dim() == 2 else want[lo:hi]
+        diff = torch.tensor(float((got - want).abs().max()) if got.shape == want.shape else float("inf"))
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+        out[name] = float(diff)
+    return out
+
+
 def full_params(model) -> dict:
     with D.gathered(model):
         return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -110,6 +136,7 @@ def main(out_path: str) -> None:
                                       if k not in ("train_tokens", "updates", "early_stop")),
             "grad_clipped": s_stats["grad_norm"] > cfg.grad_clip,
         }
+    results["advantages"] = advantages_check()
     # bytes per rank: parameters (local shards) and AdamW's exp_avg, exp_avg_sq (local shards)
     model = D.shard(copy.deepcopy(base))
     opt = make_opt(model)

@@ -84,6 +84,16 @@ def test_token_mean_statistics_equal_one_process(worker):
         assert worker["cases"][case]["stats_max_abs_diff"] <= 1e-12, worker["cases"][case]
 
 
+def test_advantages_on_2_ranks_equal_the_whole_batch(worker):
+    """Every advantage estimator of rpg_ref.advantages (group mean, group mean/std, batch mean,
+    leave-one-out, REINFORCE++ and its baseline variant, which whiten over every token of the
+    batch) gives each rank exactly the rows of the one-process advantages of the whole batch,
+    also for a group that spans the two ranks (float64, 1e-12)."""
+    assert len(worker["advantages"]) == 6
+    for name, diff in worker["advantages"].items():
+        assert diff <= 1e-12, (name, diff)
+
+
 def test_parameter_and_optimizer_bytes_per_rank_are_half(worker):
     """FSDP2 gives each of 2 ranks exactly half of the parameters' bytes and half of AdamW's
     exp_avg and exp_avg_sq (the model's dimensions are even: no padding); the per-parameter step
