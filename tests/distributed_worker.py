@@ -127,7 +127,7 @@ def main(out_path: str) -> None:
         lo, hi = D.share(N)
         torch.manual_seed(2)
         d_stats = train.update(sharded, make_opt(sharded), b.index(slice(lo, hi)), cfg)
-        want, got = dict(single.named_parameters()), full_params(sharded)
+        want, got = {n: p.detach() for n, p in single.named_parameters()}, full_params(sharded)
         results["cases"][name] = {
             "param_max_abs_diff": max(float((got[n] - want[n]).abs().max()) for n in want),
             "param_max_abs_change": max(float((want[n] - base.get_parameter(n)).abs().max()) for n in want),
