@@ -130,7 +130,7 @@ def main(out_path: str) -> None:
         want, got = {n: p.detach() for n, p in single.named_parameters()}, full_params(sharded)
         results["cases"][name] = {
             "param_max_abs_diff": max(float((got[n] - want[n]).abs().max()) for n in want),
-            "param_max_abs_change": max(float((want[n] - base.get_parameter(n)).abs().max()) for n in want),
+            "param_max_abs_change": max(float((want[n] - base.get_parameter(n).detach()).abs().max()) for n in want),
             "loss_grad_norm_max_abs_diff": max(abs(d_stats[k] - s_stats[k]) for k in ("loss", "grad_norm")),
             "stats_max_abs_diff": max(abs(d_stats[k] - s_stats[k]) for k in s_stats
                                       if k not in ("train_tokens", "updates", "early_stop")),
