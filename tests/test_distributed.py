@@ -225,8 +225,9 @@ def test_configurations_that_cannot_be_split_are_refused():
 def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
     """A rank that stops responding (SIGSTOP) makes the other rank's next collective time out
     after --dist-timeout seconds (10 here): rank 0 prints its one-line reason (gloo's timeout)
-    between 10 and 30 s after the stop, and the job ends with a non-zero status once the stopped
-    rank can take torchrun's SIGTERM (it is continued after rank 0's line)."""
+    between 5 and 30 s after the stop (rank 0 may already have been waiting for rank 1 when the
+    stop came: the bound below 10 s allows for that), and the job ends with a non-zero status
+    once the stopped rank can take torchrun's SIGTERM (it is continued after rank 0's line)."""
     import threading
 
     out = tmp_path / "run"
@@ -248,7 +249,7 @@ def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
     finally:
         os.kill(pid, signal.SIGCONT)
     t_line, line = next((t, ln) for t, ln in lines if "rank 0 stopped" in ln)
-    assert 10 <= t_line - t_stop < 30, t_line - t_stop
+    assert 5 <= t_line - t_stop < 30, t_line - t_stop
     assert "Timed out" in line
     assert p.wait(timeout=120) != 0
 
