@@ -144,7 +144,8 @@ class Task(Protocol):
     def finish(self, policy: nn.Module, out: Path) -> None:
         """Optional (the loop calls it when the task has it): once, after the last step and before
         summary.json is written, the task's own artifacts under ``out`` (the math task's Hugging
-        Face export) and the release of what it holds (the math task's answer-checker workers)."""
+        Face export) and the release of what it holds (the math task's answer-checker workers).
+        Under torchrun every rank calls it; ``policy`` is rank 0's full copy, None on the others."""
 
 
 class Engine(Protocol):

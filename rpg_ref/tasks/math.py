@@ -246,8 +246,9 @@ class MathTask:
                 "answer_checks": self.scorer.checker.stats.as_dict()}
 
     def finish(self, policy, out: Path) -> None:
-        """The final policy as an HF checkpoint with its tokenizer in OUT/hf; the workers stop."""
-        if self.opt.export:
+        """The final policy as an HF checkpoint with its tokenizer in OUT/hf (policy None: a rank
+        of a torchrun run other than rank 0, which writes nothing); the workers stop."""
+        if self.opt.export and policy is not None:
             export_model(policy, self.tokenizer, Path(out) / "hf")
         self.close()
 
