@@ -12,13 +12,13 @@ Notation of rpg_ref.losses, per unit x ~ pi_old (a token or a whole response):
 Columns, per row:
     estimate(w, lr, u)      d, with E_old[d] = D(pi_theta, pi_ref) for every theta (``unbiased``)
     score(w, lr, u_w)       h = (d d / d log pi_theta) / w: the gradient of E_old[d] is
-                            E_old[w h grad log pi_theta] (the REINFORCE losses' weight C_KL = -beta w h)
+                            E_old[w h grad log pi_theta] (the REINFORCE weight's C_KL = -beta w h)
     per_ratio(lr, u_w)      (g, g') with g = d / w, a function of rho alone, and g' = dg / d lr
                             (Algorithm 1's clipped surrogate: A_hat = A - beta g)
 Each of the four rows is the paper's term for its divergence up to a theta-independent constant
 (the same gradient), chosen so that the estimate is D itself. The fifth, "k3", is GRPO's published
 per-token penalty k3(pi_ref / pi_theta), with no importance weight: off-policy it estimates no
-divergence (subsec:grpo_main), so it has no per_ratio and ``unbiased`` is False.
+divergence (Section 2.2 (subsec:grpo_main)), so it has no per_ratio and ``unbiased`` is False.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ DIVERGENCES: dict[str, Divergence] = {
         per_ratio=lambda lr, u_w: (lr, 1.0)),                           # g = log rho
     "ufkl": Divergence(
         "UKL(pi_ref || pi_theta)", "prop:policy_gradient_unormalized_forward_kl",
-        estimate=lambda w, lr, u: w - u - u * lr,                       # d = u k3(rho)    (u rho = w)
+        estimate=lambda w, lr, u: w - u - u * lr,                       # d = u k3(rho)
         score=lambda w, lr, u_w: 1.0 - u_w,                             # h = 1 - 1/rho
         per_ratio=lambda lr, u_w: (1.0 - (1.0 + lr) * u_w, lr * u_w)),  # g = 1 - (1 + log rho)/rho
     "urkl": Divergence(
         "UKL(pi_theta || pi_ref)", "prop:policy_gradient_unormalized_reverse_kl",
-        estimate=lambda w, lr, u: u - w + w * lr,                       # d = w k3(1/rho)  (w/rho = u)
+        estimate=lambda w, lr, u: u - w + w * lr,                       # d = w k3(1/rho)
         score=lambda w, lr, u_w: lr,                                    # h = log rho
         per_ratio=lambda lr, u_w: (u_w - 1.0 + lr, 1.0 - u_w)),         # g = k3(1/rho)
     "k3": Divergence(

@@ -24,8 +24,9 @@ class LossSpec:
     name: str
     family: str                 # FAMILIES: "rpg" (fully differentiable), "rpg-reinforce" (stop-
                                 # gradient weight) or "baseline" (PPO clip on A)
-    kl: str                     # its KL term, a row of rpg_ref.divergences.DIVERGENCES: beta times
-                                # it is in the loss, stats["kl"] reports it (beta = 0: reported only)
+    kl: str                     # its KL term, a row of rpg_ref.divergences.DIVERGENCES: beta
+                                # times it is in the loss, stats["kl"] reports it (beta = 0: only
+                                # reported)
     advantage: str              # default estimator in rpg_ref.advantages.ADVANTAGES
     paper_label: str
     kl_in_reward: bool = False  # the KL goes into the advantage: the loss takes beta = 0

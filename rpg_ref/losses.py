@@ -1,9 +1,11 @@
 """Every surrogate loss of the RPG paper and its baselines, written as the paper writes it.
 
 This module is the specification: each loss is one function of the paper's per-sample quantities
-(sec:offpolicy_policy_gradients), registered under its literal name. A unit x, sampled from the
-behaviour policy pi_old, is a token (``level="token"``, as verl and the paper's code apply the
-losses) or a whole response (``level="sequence"``):
+(Section 3 (sec:offpolicy_policy_gradients)), registered under its literal name; the paper is cited
+as "Proposition 3.2 (prop:...)": the PDF's number, then the LaTeX label
+(derivations/paper_numbers.txt). A unit x, sampled from the behaviour policy pi_old, is a token
+(``level="token"``, as verl and the paper's code apply the losses) or a whole response
+(``level="sequence"``):
 
     w   = pi_theta(x) / pi_old(x)      importance ratio          (differentiable)
     rho = pi_theta(x) / pi_ref(x)      ratio to the reference    (differentiable)
@@ -47,8 +49,9 @@ from rpg_ref.loss_spec import (
 )
 from rpg_ref.losses_fused import FUSED_LOSSES, fused_loss
 
-__all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions", "LossSpec",
-           "UnitLoss", "Units", "check_beta", "check_options", "default_beta", "dual_clip",
+__all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions",
+           "LossSpec", "UnitLoss", "Units", "check_beta", "check_options", "default_beta",
+           "dual_clip",
            "get_loss", "loss_beta", "loss_options", "parse_clip", "register_loss", "rpg_style_clip",
            "run_options"]
 
@@ -136,11 +139,11 @@ class UnitLoss(NamedTuple):
 
 
 def dual_clip(w: Tensor, A_hat: Tensor, bounds: tuple) -> UnitLoss:
-    """Algorithm alg:offpolicy_rpg_ppo_dualclip, (lo, hi, c) = (1 - eps_low, 1 + eps_high, c):
+    """Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip), (lo, hi, c) = (1 - eps_low, 1 + eps_high, c):
         A_hat >= 0:  max(-w A_hat, -clip(w, lo, hi) A_hat)
         A_hat <  0:  min(max(-w A_hat, -clip(w, lo, hi) A_hat), -c A_hat)
     No gradient flows through w on a clipped segment; it still flows through A_hat when A_hat
-    depends on theta (fig:ppo_dualclip_loss_vis caption)."""
+    depends on theta (Figure 2 (fig:ppo_dualclip_loss_vis) caption)."""
     lo, hi, c = bounds
     plain, clipped = -w * A_hat, -w.clamp(lo, hi) * A_hat
     took_clip = clipped > plain
@@ -153,9 +156,9 @@ def dual_clip(w: Tensor, A_hat: Tensor, bounds: tuple) -> UnitLoss:
 
 
 def rpg_style_clip(x: Units, c_kl: Tensor, bounds: tuple) -> UnitLoss:
-    """RPG-Style Clip, Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v1, of L = -SG(w A') log pi
+    """RPG-Style Clip, Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1), of L = -SG(w A') log pi
     with w A' = w A + C_KL, branching on psi = A' ell (ell = -log pi_theta). Flat segments (no
-    gradient) as drawn dotted in fig:offpolicy_rpg_rf_ppo_dualclip_v1:
+    gradient) as drawn dotted in Figure 3 (fig:offpolicy_rpg_rf_ppo_dualclip_v1):
         psi >= 0:  w <  hi -> ell SG(w A')               w >= hi    -> SG(ell) (A hi + C_KL)
         psi <  0:  w <= lo -> SG(ell) (A lo + C_KL)      lo < w < c -> ell SG(w A')
                                                          w >= c     -> SG(ell) (A c + C_KL)"""
@@ -191,15 +194,15 @@ def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
 _CALL_DOC = """
 
     Call: (logp, old_logp, advantages, mask, *, beta=0, ref_logp=None, clip=None, level="token",
-    agg="token-mean", impl="fused", options=None). logp, old_logp, mask (0/1, a token in every row), ref_logp:
-    [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B] or [B, T] ([B] at
-    level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip. agg: token-mean,
-    seq-mean-token-mean or seq-mean-token-sum. impl: "fused" or "reference" (autograd).
+    agg="token-mean", impl="fused", options=None). logp, old_logp, mask (0/1, a token in every row),
+    ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B] or [B, T]
+    ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip. agg:
+    token-mean, seq-mean-token-mean or seq-mean-token-sum. impl: "fused" or "reference" (autograd).
     options: a LossOptions resolved once for this loss (rpg_ref.losses.check_options or
     run_options), instead of beta, clip, level and agg (a trainer's per-call path).
     Returns (loss, stats): stats are detached 0-dim tensors clip_frac_low, clip_frac_high,
-    clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old
-    (token-mean estimate of KL(pi_theta || pi_old)).
+    clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old (token-mean
+    estimate of KL(pi_theta || pi_old)).
     """
 
 
@@ -216,7 +219,8 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
                 raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
             if options is None:
                 options = loss_options(name, beta=beta, clip=clip, level=level, agg=agg)
-            elif options.loss != name or (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
+            elif options.loss != name or (beta, clip, level, agg) != (0.0, None, "token",
+                                                                      "token-mean"):
                 raise ValueError(f"{name}: give options (resolved for this loss, not for "
                                  f"{options.loss}) or beta/clip/level/agg, not both")
             check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
@@ -293,8 +297,8 @@ def kl_weight(x: Units, kl: str, beta: float) -> Tensor:
                paper="prop:policy_gradient_forward_kl")
 def rpg_fkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, forward KL(pi_ref || pi_theta)
-    (prop:policy_gradient_forward_kl; tab:off-policy-loss-normalized, row Forward KL:
-    E_old[-w R - beta log pi_theta])."""
+    (Proposition E.1 (prop:policy_gradient_forward_kl); Table 4 (tab:off-policy-loss-normalized),
+    row Forward KL: E_old[-w R - beta log pi_theta])."""
     d = kl_term(x, "fkl")                                   # d = -u log rho
     loss = -x.w * x.A + beta * d                            # L = -w A - beta u log rho
     return fully_differentiable(x, loss, bounds), d
@@ -304,8 +308,8 @@ def rpg_fkl(x: Units, beta: float, bounds):
                paper="prop:policy_gradient_reverse_kl")
 def rpg_rkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, reverse KL(pi_theta || pi_ref)
-    (prop:policy_gradient_reverse_kl; tab:off-policy-loss-normalized, row Reverse KL:
-    E_old[w (-R + beta log w)])."""
+    (Proposition E.3 (prop:policy_gradient_reverse_kl); Table 4 (tab:off-policy-loss-normalized),
+    row Reverse KL: E_old[w (-R + beta log w)])."""
     d = kl_term(x, "rkl")                                   # d = w log rho
     loss = -x.w * x.A + beta * d                            # L = -w A + beta w log rho
     return fully_differentiable(x, loss, bounds), d
@@ -315,8 +319,8 @@ def rpg_rkl(x: Units, beta: float, bounds):
                paper="prop:policy_gradient_unormalized_forward_kl")
 def rpg_ufkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized forward KL UKL(pi_ref || pi_theta)
-    (prop:policy_gradient_unormalized_forward_kl; tab:off-policy-loss, row Forward (UFKL):
-    Z_old E[-w R + beta (w - log w - 1)])."""
+    (Proposition 3.2 (prop:policy_gradient_unormalized_forward_kl); Table 1 (tab:off-policy-loss),
+    row Forward (UFKL): Z_old E[-w R + beta (w - log w - 1)])."""
     d = kl_term(x, "ufkl")                                  # d = w - u - u log rho = u k3(rho)
     loss = -x.w * x.A + beta * d                            # L = -w A + beta (w - u - u log rho)
     return fully_differentiable(x, loss, bounds), d
@@ -326,8 +330,9 @@ def rpg_ufkl(x: Units, beta: float, bounds):
                paper="prop:policy_gradient_unormalized_reverse_kl")
 def rpg_urkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized reverse KL UKL(pi_theta || pi_ref)
-    (prop:policy_gradient_unormalized_reverse_kl; tab:off-policy-loss, row Reverse (URKL):
-    Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a constant)."""
+    (Proposition 3.6 (prop:policy_gradient_unormalized_reverse_kl); Table 1 (tab:off-policy-loss),
+    row Reverse (URKL): Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a
+    constant)."""
     d = kl_term(x, "urkl")                                  # d = u - w + w log rho = w k3(1/rho)
     loss = -x.w * x.A + beta * d                            # L = -w A + beta (u - w + w log rho)
     return fully_differentiable(x, loss, bounds), d
@@ -338,8 +343,8 @@ def rpg_urkl(x: Units, beta: float, bounds):
 @register_loss("rpg-reinforce-fkl", family="rpg-reinforce", kl="fkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_fkl")
 def rpg_reinforce_fkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, forward KL (prop:offpolicy_reinforce_loss_fkl:
-    -E_old[SG(w R + beta) log pi_theta])."""
+    """REINFORCE-style RPG loss, forward KL
+    (Proposition F.1 (prop:offpolicy_reinforce_loss_fkl): -E_old[SG(w R + beta) log pi_theta])."""
     c_kl = kl_weight(x, "fkl", beta)                        # w A' = w A + beta u
     return reinforce(x, c_kl, bounds), kl_term(x, "fkl")
 
@@ -347,8 +352,9 @@ def rpg_reinforce_fkl(x: Units, beta: float, bounds):
 @register_loss("rpg-reinforce-rkl", family="rpg-reinforce", kl="rkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_rkl")
 def rpg_reinforce_rkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, reverse KL (prop:offpolicy_reinforce_loss_rkl,
-    eq:loss_rkl_offpolicy_reinforce: -E_old[SG(w (R - beta log w - beta)) log pi_theta])."""
+    """REINFORCE-style RPG loss, reverse KL (Proposition F.4 (prop:offpolicy_reinforce_loss_rkl),
+    Eq. (F.2) (eq:loss_rkl_offpolicy_reinforce):
+    -E_old[SG(w (R - beta log w - beta)) log pi_theta])."""
     c_kl = kl_weight(x, "rkl", beta)                        # w A' = w (A - beta (log rho + 1))
     return reinforce(x, c_kl, bounds), kl_term(x, "rkl")
 
@@ -356,8 +362,9 @@ def rpg_reinforce_rkl(x: Units, beta: float, bounds):
 @register_loss("rpg-reinforce-ufkl", family="rpg-reinforce", kl="ufkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_ufkl")
 def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, unnormalized forward KL (prop:offpolicy_reinforce_loss_ufkl;
-    tab:off-policy-loss-reinforce, row Forward (UFKL):
+    """REINFORCE-style RPG loss, unnormalized forward KL
+    (Proposition F.3 (prop:offpolicy_reinforce_loss_ufkl); Table 2 (tab:off-policy-loss-reinforce),
+    row Forward (UFKL):
     -E[SG(Z_old (w R - beta (w - 1))) log pi_theta])."""
     c_kl = kl_weight(x, "ufkl", beta)                       # w A' = w A - beta (w - u)
     return reinforce(x, c_kl, bounds), kl_term(x, "ufkl")
@@ -366,8 +373,9 @@ def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
 @register_loss("rpg-reinforce-urkl", family="rpg-reinforce", kl="urkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_urkl")
 def rpg_reinforce_urkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, unnormalized reverse KL (prop:offpolicy_reinforce_loss_urkl;
-    tab:off-policy-loss-reinforce, row Reverse (URKL):
+    """REINFORCE-style RPG loss, unnormalized reverse KL
+    (Proposition F.5 (prop:offpolicy_reinforce_loss_urkl); Table 2 (tab:off-policy-loss-reinforce),
+    row Reverse (URKL):
     -E[SG(Z_old w (R - beta log w)) log pi_theta])."""
     c_kl = kl_weight(x, "urkl", beta)                       # w A' = w (A - beta log rho)
     return reinforce(x, c_kl, bounds), kl_term(x, "urkl")
@@ -378,9 +386,10 @@ def rpg_reinforce_urkl(x: Units, beta: float, bounds):
 @register_loss("grpo", family="baseline", kl="k3", advantage="group-mean-std",
                default_clip=(0.2, 0.2, None), paper="subsec:grpo_main")
 def grpo(x: Units, beta: float, bounds):
-    """GRPO as published (subsec:grpo_main, J_GRPO): PPO clip on A plus beta k3(pi_ref/pi_theta)
-    per token, no importance weight. Its expected gradient is not grad UKL off-policy."""
-    d = kl_term(x, "k3")                                    # k3(pi_ref / pi_theta) = 1/rho - 1 + log rho
+    """GRPO as published (Section 2.2 (subsec:grpo_main), J_GRPO): PPO clip on A plus
+    beta k3(pi_ref/pi_theta) per token, no importance weight. Its expected gradient is not
+    grad UKL off-policy."""
+    d = kl_term(x, "k3")                                    # k3(pi_ref/pi_theta)
     out = dual_clip(x.w, x.A, bounds)
     return out._replace(loss=out.loss + beta * d), d        # clip term + beta k3
 
@@ -388,8 +397,9 @@ def grpo(x: Units, beta: float, bounds):
 @register_loss("grpo-corrected", family="baseline", kl="urkl", advantage="group-mean-std",
                default_clip=(0.2, 0.2, None), paper="subsec:grpo_main")
 def grpo_corrected(x: Units, beta: float, bounds):
-    """GRPO with the paper's corrected KL term (subsec:grpo_main, KL_GRPO-corrected): PPO clip on A
-    plus beta w k3(pi_ref/pi_theta), unbiased for UKL(pi_theta || pi_ref) for every theta."""
+    """GRPO with the paper's corrected KL term (Section 2.2 (subsec:grpo_main), KL_GRPO-corrected):
+    PPO clip on A plus beta w k3(pi_ref/pi_theta), unbiased for UKL(pi_theta || pi_ref) for every
+    theta."""
     d = kl_term(x, "urkl")                                  # w k3(pi_ref / pi_theta)
     out = dual_clip(x.w, x.A, bounds)
     return out._replace(loss=out.loss + beta * d), d        # clip term + beta w k3

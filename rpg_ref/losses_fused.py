@@ -96,7 +96,7 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
         grad = -w * (adv - beta * D.score(w, lr, u_w))                   # d(-w A + beta d)/d log pi
         if bounds is None:
             value = -w * adv + beta * kl_u
-        else:                                                               # alg:offpolicy_rpg_ppo_dualclip
+        else:                                               # Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip)
             lo, hi, c = bounds
             g, g_prime = D.per_ratio(lr, u_w)
             a_hat = adv - beta * g                                          # -w a_hat = -w A + beta d
@@ -118,7 +118,7 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
         kl_u = D.estimate(w, lr, u)
         if bounds is None:
             value, grad = weight * ell, -weight                             # L = -SG(w A') log pi
-        else:                                                               # alg:offpolicy_rpg_rf_ppo_dualclip_v1
+        else:                                   # Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1)
             lo, hi, c = bounds
             pos = weight * ell >= 0                                         # psi = A' ell >= 0
             high = pos & (w >= hi)
