@@ -12,12 +12,14 @@ walks the source in order, stepping the counters LaTeX steps:
   * equations: within sections where the preamble (or smile.sty) says so, else throughout; one
     number per row of a display that has no \\nonumber / \\notag;
   * tables, figures (their panels as 2(a)), algorithms: throughout the document, at their \\caption.
-A \\label names the last thing numbered before it (LaTeX's \\@currentlabel).
+A \\label names the last thing numbered before it in its group (LaTeX's \\@currentlabel: an
+environment is a group, so after \\end{...} the label is the one from before its \\begin).
 
 NUMBERS_FILE (derivations/paper_numbers.txt, "label<TAB>number") is the committed result, so that
 the numbers are known where the .tex is not; tests/test_paper_numbers.py regenerates it from the
 .tex when the paper is there, and holds every "<Kind> <number> (<label>)" citation in the
-repository against it. Regenerate: ``python -m derivations.paper_numbers > derivations/paper_numbers.txt``.
+repository against it. Regenerate:
+    python -m derivations.paper_numbers > derivations/paper_numbers.txt
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from derivations.paper_tables import blank_comments, paper_tex_path
 NUMBERS_FILE = Path(__file__).with_name("paper_numbers.txt")
 
 # smile.sty's declarations, as the PDF numbers them: every kind steps one counter, reset by \section
-SMILE_THEOREMS = {env: ("theorem", env.capitalize()) for env in (
+SMILE_THEOREMS = {env: ("theorem", env.capitalize(), True) for env in (
     "theorem", "proposition", "lemma", "corollary", "definition", "remark", "assumption",
     "example", "claim", "condition", "conjecture", "fact", "hypothesis", "question")}
 SMILE_EQUATION_WITHIN_SECTION = True
@@ -54,11 +56,12 @@ NEWTHEOREM = re.compile(r"\\newtheorem\{(\w+)\}(?:\[(\w+)\])?\{([^}]*)\}(?:\[(\w
 
 
 def theorem_kinds(preamble: str) -> tuple[dict, bool]:
-    """({env: (counter, printed name)}, equations numbered within sections) from the preamble's
-    \\newtheorem and \\numberwithin lines; smile.sty's when the paper loads it and declares none."""
+    """({env: (counter, printed name, numbered within sections)}, equations numbered within
+    sections) from the preamble's \\newtheorem and \\numberwithin lines; smile.sty's when the paper
+    loads it and declares none."""
     kinds = {}
-    for env, shared, name, _within in NEWTHEOREM.findall(preamble):
-        kinds[env] = (shared or env, name)
+    for env, shared, name, within in NEWTHEOREM.findall(preamble):
+        kinds[env] = (shared, name, kinds[shared][2]) if shared else (env, name, within == "section")
     within = bool(re.search(r"\\(numberwithin|counterwithin)\{equation\}\{section\}", preamble))
     if re.search(r"\\usepackage(\[[^]]*\])?\{[^}]*\bsmile\b", preamble):
         kinds = {**SMILE_THEOREMS, **kinds}
@@ -73,9 +76,9 @@ def number_labels(tex: str) -> dict[str, tuple[str, int]]:
     kinds, eq_within = theorem_kinds(text[:begin_doc])
     sec, appendix = [0, 0, 0], False
     counters = {"equation": 0, "table": 0, "figure": 0, "algorithm": 0, "subfigure": 0}
-    counters.update({c: 0 for c, _ in kinds.values()})
+    counters.update({c: 0 for c, _, _ in kinds.values()})
     current = ("", "")                                   # LaTeX's \@currentlabel
-    stack: list[str] = []                                # open environments
+    stack: list[tuple[str, tuple]] = []                  # open environments, the label before each
     row = {"labels": [], "numbered": True, "start": 0}   # the display row being read
     out: dict[str, tuple[str, int]] = {}
 
@@ -98,7 +101,8 @@ def number_labels(tex: str) -> dict[str, tuple[str, int]]:
         row.update(labels=[], numbered=True, start=pos)
 
     for m in TOKEN.finditer(text, begin_doc):
-        pos, display = m.start(), stack and stack[-1] in DISPLAYS
+        envs = [e for e, _ in stack]
+        pos, display = m.start(), bool(envs) and envs[-1] in DISPLAYS
         if m["sec"] and m["star"]:
             current = ("", "")                           # unnumbered: its label has no number
         elif m["sec"]:
@@ -106,18 +110,19 @@ def number_labels(tex: str) -> dict[str, tuple[str, int]]:
             sec[depth - 1] += 1
             sec[depth:] = [0] * (3 - depth)
             if depth == 1:
-                counters.update({c: 0 for c, _ in kinds.values()})
+                counters.update({c: 0 for c, _, within in kinds.values() if within})
                 counters["equation"] = 0 if eq_within else counters["equation"]
             current = ("Appendix" if appendix else "Section", section_number(depth))
         elif m["appendix"]:
             appendix, sec = True, [0, 0, 0]
         elif m["begin"]:
             env = m["begin"]
-            stack.append(env)
+            stack.append((env, current))
             if env in kinds:
-                counter, name = kinds[env]
+                counter, name, within = kinds[env]
                 counters[counter] += 1
-                current = (name, f"{section_number()}.{counters[counter]}")
+                n = counters[counter]
+                current = (name, f"{section_number()}.{n}" if within else str(n))
             elif env in DISPLAYS:
                 row.update(labels=[], numbered=True, start=m.end())
             elif env == "figure":
@@ -125,14 +130,14 @@ def number_labels(tex: str) -> dict[str, tuple[str, int]]:
         elif m["end"]:
             if m["end"] in DISPLAYS and display:
                 end_row(pos, last=True)
-            if stack and stack[-1] == m["end"]:
-                stack.pop()
-        elif m["subfig"] or (m["caption"] and "subfigure" in stack):
+            if stack and stack[-1][0] == m["end"]:
+                current = stack.pop()[1]                 # an environment is a group
+        elif m["subfig"] or (m["caption"] and "subfigure" in envs):
             counters["subfigure"] += 1                   # a panel of the figure being built
             letter = string.ascii_lowercase[counters["subfigure"] - 1]
             current = ("Figure", f"{counters['figure'] + 1}({letter})")
         elif m["caption"]:
-            float_env = next((e for e in reversed(stack) if e in FLOATS), None)
+            float_env = next((e for e in reversed(envs) if e in FLOATS), None)
             if float_env:
                 counters[float_env] += 1
                 current = (FLOATS[float_env], str(counters[float_env]))
@@ -160,8 +165,8 @@ def load(path: Path = NUMBERS_FILE) -> dict[str, str]:
 
 
 def render(numbers: dict[str, tuple[str, int]]) -> str:
-    head = ("# The paper's numbers beside its LaTeX labels, in the order of rpg_paper.tex; generated\n"
-            "# by derivations/paper_numbers.py (python -m derivations.paper_numbers).\n")
+    head = ("# The paper's numbers beside its LaTeX labels, in the order of rpg_paper.tex;\n"
+            "# generated by derivations/paper_numbers.py (python -m derivations.paper_numbers).\n")
     return head + "".join(f"{label}\t{num}\n" for label, (num, _) in
                           sorted(numbers.items(), key=lambda kv: kv[1][1]))
 
