@@ -97,11 +97,15 @@ def check_beta(beta) -> None:
 
 
 def resolve(spec: LossSpec, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
-            no_clip: bool = False, reward_beta=0.0) -> LossOptions:
+            no_clip: bool = False, reward_beta=0.0, run: bool = False) -> LossOptions:
     """The options of the loss ``spec`` checked (a one-line ValueError for the first violation)
-    and resolved: clip=None means the loss's default_clip; ``beta`` is the loss's own."""
+    and resolved: clip=None means the loss's default_clip. ``beta`` is the loss's own, or with
+    run=True a training run's: it then goes to the reward where the loss puts its KL there
+    (reinforce++: reward_beta), else to the loss."""
     name = spec.name
     check_beta(beta)
+    if run:
+        beta, reward_beta = (0.0, beta) if spec.kl_in_reward else (beta, 0.0)
     check_beta(reward_beta)
     if beta != 0 and not spec.has_kl:
         raise ValueError(f"{name} has no KL term; got beta={beta}: use beta=0")

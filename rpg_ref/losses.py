@@ -50,10 +50,9 @@ from rpg_ref.loss_spec import (
 from rpg_ref.losses_fused import FUSED_LOSSES, fused_loss
 
 __all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions",
-           "LossSpec", "UnitLoss", "Units", "check_beta", "check_options", "default_beta",
-           "dual_clip",
-           "get_loss", "loss_beta", "loss_options", "parse_clip", "register_loss", "rpg_style_clip",
-           "run_options"]
+           "LossSpec", "UnitLoss", "Units", "cached_options", "check_beta", "check_options",
+           "default_beta", "dual_clip", "get_loss", "loss_beta", "parse_clip", "register_loss",
+           "rpg_style_clip", "run_options"]
 
 LOG_RATIO_CLAMP = 40.0  # e^40 ~ 2.4e17; products of two such ratios stay finite in float32
 IMPLS = ("fused", "reference")
@@ -75,8 +74,8 @@ def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str 
                   no_clip: bool = False) -> LossOptions:
     """Refuse bad options of the loss ``name`` (a one-line ValueError for the first violation);
     return them resolved. ``beta`` is the loss's own (see loss_beta)."""
-    return resolve(get_loss(name).spec, beta=beta, clip=clip, level=level, agg=agg,
-                   no_clip=no_clip)
+    spec = get_loss(name).spec
+    return resolve(spec, beta=beta, clip=clip, level=level, agg=agg, no_clip=no_clip)
 
 
 def run_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
@@ -84,8 +83,7 @@ def run_options(name: str, *, beta, clip=None, level: str = "token", agg: str = 
     """The options of a training run, whose ``beta`` is the user's KL coefficient: it goes to the
     reward where the loss puts its KL there (reinforce++: reward_beta), else to the loss."""
     spec = get_loss(name).spec
-    return resolve(spec, beta=loss_beta(name, beta), reward_beta=beta if spec.kl_in_reward else 0.0,
-                   clip=clip, level=level, agg=agg, no_clip=no_clip)
+    return resolve(spec, beta=beta, clip=clip, level=level, agg=agg, no_clip=no_clip, run=True)
 
 
 @lru_cache(maxsize=256, typed=True)
@@ -93,8 +91,8 @@ def _cached_options(name, beta, clip, level, agg) -> LossOptions:
     return check_options(name, beta=beta, clip=clip, level=level, agg=agg)
 
 
-def loss_options(name: str, *, beta, clip=None, level: str = "token",
-                 agg: str = "token-mean") -> LossOptions:
+def cached_options(name: str, *, beta, clip=None, level: str = "token",
+                   agg: str = "token-mean") -> LossOptions:
     """check_options, remembered: a library call's loose options are resolved on their first use
     and looked up after that (nothing is re-parsed per micro-batch)."""
     key = tuple(clip) if isinstance(clip, list) else clip
@@ -218,7 +216,7 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
             if impl not in IMPLS:
                 raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
             if options is None:
-                options = loss_options(name, beta=beta, clip=clip, level=level, agg=agg)
+                options = cached_options(name, beta=beta, clip=clip, level=level, agg=agg)
             elif options.loss != name or (beta, clip, level, agg) != (0.0, None, "token",
                                                                       "token-mean"):
                 raise ValueError(f"{name}: give options (resolved for this loss, not for "

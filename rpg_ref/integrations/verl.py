@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from rpg_ref.losses import LOSSES, SPECS, loss_options, parse_clip
+from rpg_ref.losses import LOSSES, SPECS, cached_options, parse_clip
 
 BASE_NAMES = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")] + ["grpo-corrected"]
 REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES if not SPECS[n].always_clips]
@@ -70,7 +70,7 @@ def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
 
 
 def _config_values(config, clipped: bool) -> tuple[float, tuple | None]:
-    """(beta, clip as verl's config gives it): the key of loss_options' remembered settings."""
+    """(beta, clip as verl's config gives it): the key of cached_options' remembered settings."""
     if config is None:
         raise ValueError("rpg losses need verl's actor config (beta = kl_loss_coef, clip ratios)")
     if _get(config, "use_kl_loss", False):
@@ -122,7 +122,8 @@ def _make(name: str):
             raise ValueError(f"{name}: rollout_is_weights are not supported by the rpg losses; disable "
                              f"algorithm.rollout_correction for this loss")
         beta, clip = _config_values(config, clipped)
-        options = loss_options(base, beta=beta, clip=clip, level="token", agg=_agg_plan(loss_agg_mode))
+        options = cached_options(base, beta=beta, clip=clip, level="token",
+                                 agg=_agg_plan(loss_agg_mode))
         info = dict(_get(config, "global_batch_info", {}) or {})
         mask = response_mask.to(log_prob.dtype if log_prob.is_floating_point() else torch.float32)  # [B, T]
         keep = mask.sum(-1) > 0                                                                     # [B]
