@@ -61,7 +61,10 @@ def theorem_kinds(preamble: str) -> tuple[dict, bool]:
     loads it and declares none."""
     kinds = {}
     for env, shared, name, within in NEWTHEOREM.findall(preamble):
-        kinds[env] = (shared, name, kinds[shared][2]) if shared else (env, name, within == "section")
+        if shared:                                       # numbered like the counter it shares
+            kinds[env] = (shared, name, kinds[shared][2])
+        else:
+            kinds[env] = (env, name, within == "section")
     within = bool(re.search(r"\\(numberwithin|counterwithin)\{equation\}\{section\}", preamble))
     if re.search(r"\\usepackage(\[[^]]*\])?\{[^}]*\bsmile\b", preamble):
         kinds = {**SMILE_THEOREMS, **kinds}

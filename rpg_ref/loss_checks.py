@@ -35,7 +35,8 @@ def check_tensors(logp, old_logp, advantages, mask, ref_logp, level: str) -> Non
         raise ValueError(f"advantages shape {tuple(advantages.shape)} must be [B]={B} or "
                          f"[B, T]={tuple(logp.shape)}")
     if level == "sequence" and advantages.dim() != 1:
-        raise ValueError("level='sequence' needs one advantage per sequence: advantages of shape [B]")
+        raise ValueError("level='sequence' needs one advantage per sequence: advantages of "
+                         "shape [B]")
     if not logp.is_floating_point():
         raise ValueError(f"logp must be floating point, got {logp.dtype}")
     if mask.dtype != torch.bool and not mask.is_floating_point() and \
@@ -55,7 +56,8 @@ def refuse_bad_data(checks: Tensor, logp, old_logp, advantages, mask, ref_logp) 
             bad = (~torch.isfinite(x)).nonzero()
             if len(bad):
                 raise ValueError(f"{name} has non-finite values at index {tuple(bad[0].tolist())}")
-        name, x = max(named, key=lambda nx: float(nx[1].abs().max()))    # finite, but the sum overflows
+        # finite entries, but their sum overflows
+        name, x = max(named, key=lambda nx: float(nx[1].abs().max()))
         raise ValueError(f"{name} has non-finite values (entries too large to sum in {x.dtype}: "
                          f"max |{name}| = {float(x.abs().max()):.3g})")
     if n_empty:

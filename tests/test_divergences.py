@@ -16,7 +16,8 @@ def _ratios(seed: int, n: int = 64):
     """log pi_theta (the variable), log pi_old, log pi_ref per unit: ratios from ~e^-2 to ~e^2."""
     g = torch.Generator().manual_seed(seed)
     lp = -torch.rand(n, generator=g) * 3
-    return lp, lp - 2 * (2 * torch.rand(n, generator=g) - 1), lp - 2 * (2 * torch.rand(n, generator=g) - 1)
+    old = lp - 2 * (2 * torch.rand(n, generator=g) - 1)
+    return lp, old, lp - 2 * (2 * torch.rand(n, generator=g) - 1)
 
 
 @pytest.mark.parametrize("kl", list(DIVERGENCES))

@@ -185,12 +185,14 @@ def test_run_options_split_beta_between_loss_and_reward():
     reward_beta), else to the loss; the clip resolves to bounds, the loss's default without one."""
     o = L.run_options("reinforce++", beta=0.3)
     assert (o.beta, o.reward_beta, o.bounds) == (0.0, 0.3, (0.8, 1.2, None))
-    o = L.run_options("rpg-reinforce-urkl", beta=0.3, clip=["0.2", "0.28", "3"], agg="seq-mean-token-sum")
+    o = L.run_options("rpg-reinforce-urkl", beta=0.3, clip=["0.2", "0.28", "3"],
+                      agg="seq-mean-token-sum")
     assert (o.loss, o.beta, o.reward_beta) == ("rpg-reinforce-urkl", 0.3, 0.0)
     assert o.bounds == (1 - 0.2, 1 + 0.28, 3.0) and o.agg == "seq-mean-token-sum"
     assert L.run_options("rpg-urkl", beta=0.3, no_clip=True).bounds is None
     _refused("beta must be a finite number >= 0", L.run_options, "reinforce++", beta=-1.0)
-    _refused("rpg-urkl has no KL in the reward", S.resolve, L.SPECS["rpg-urkl"], beta=0.0, reward_beta=0.1)
+    _refused("rpg-urkl has no KL in the reward", S.resolve, L.SPECS["rpg-urkl"], beta=0.0,
+             reward_beta=0.1)
 
 
 def _count_resolves(monkeypatch):
@@ -225,7 +227,7 @@ def test_options_of_another_loss_or_with_keywords_refused():
     """options= is a LossOptions resolved for this very loss, and comes alone."""
     z, one = torch.zeros(1, 1), torch.ones(1, 1)
     opts = L.check_options("rpg-urkl", beta=0.1)
-    _refused("rpg-fkl: give options .*not for rpg-urkl", L.get_loss("rpg-fkl"), z, z, torch.zeros(1), one,
-             options=opts)
-    _refused("rpg-urkl: give options", L.get_loss("rpg-urkl"), z, z, torch.zeros(1), one, options=opts,
-             beta=0.2)
+    _refused("rpg-fkl: give options .*not for rpg-urkl", L.get_loss("rpg-fkl"), z, z,
+             torch.zeros(1), one, options=opts)
+    _refused("rpg-urkl: give options", L.get_loss("rpg-urkl"), z, z, torch.zeros(1), one,
+             options=opts, beta=0.2)

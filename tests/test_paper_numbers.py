@@ -59,7 +59,8 @@ def test_latex_counter_rules_on_a_small_document():
         "sec:intro": "Section 1", "thm:a": "Theorem 1.1", "lem:b": "Lemma 1.2", "rem:c": "Remark 1",
         "eq:first": "Eq. (1.1)", "eq:second": "Eq. (1.2)", "tab:one": "Table 1",
         "sec:part": "Section 1.1", "eq:third": "Eq. (1.3)",
-        "lem:d": "Lemma 2.1", "rem:e": "Remark 2", "fig:panel": "Figure 1(a)", "fig:whole": "Figure 1",
+        "lem:d": "Lemma 2.1", "rem:e": "Remark 2",
+        "fig:panel": "Figure 1(a)", "fig:whole": "Figure 1",
         "tab:before_caption": "Section 2", "app:proofs": "Appendix A", "thm:f": "Theorem A.1",
         "eq:app": "Eq. (A.1)", "alg:one": "Algorithm 1"}
 
@@ -94,7 +95,8 @@ def test_numbers_as_the_pdf_prints_them():
         "prop:policy_gradient_reverse_kl": "Proposition E.3",
         "prop:offpolicy_reinforce_loss_fkl": "Proposition F.1",
         "prop:offpolicy_reinforce_loss_urkl": "Proposition F.5",
-        "tab:off-policy-loss-normalized": "Table 4", "alg:offpolicy_rpg_rf_ppo_dualclip_v1": "Algorithm 2",
+        "tab:off-policy-loss-normalized": "Table 4",
+        "alg:offpolicy_rpg_rf_ppo_dualclip_v1": "Algorithm 2",
         "sec:related_work": "Appendix A", "proof:ufkl": "Appendix K.2"}
 
 
@@ -117,6 +119,7 @@ def test_every_citation_in_the_repository_has_the_papers_number():
                 continue
             seen += 1
             if table[label] != f"{kind} {number}":
-                wrong.append(f"{path.relative_to(ROOT)}: {m.group(0)!r}, the paper has {table[label]}")
+                wrong.append(f"{path.relative_to(ROOT)}: {m.group(0)!r}, the paper has "
+                             f"{table[label]}")
     assert not wrong, "\n".join(wrong)
-    assert seen >= 20, f"only {seen} citations found: is the pattern still matching the code's style?"
+    assert seen >= 20, f"only {seen} citations found: does the pattern still match the code's style?"

@@ -19,8 +19,8 @@ Actor-config keys read (actor_rollout_ref.actor.*):
                                else verl would add its own, unweighted KL on top: ValueError)
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
     clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all three
-                               (checked by rpg_ref.losses.parse_clip: the loss options' one rule book;
-                               each setting is checked on its first call, then looked up)
+                               (checked by rpg_ref.losses.parse_clip, the loss options' one
+                               rule book, on a setting's first call, then looked up)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
                                seq-mean-token-sum-norm
     global_batch_info          dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
