@@ -217,10 +217,11 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
                 raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
             if options is None:
                 options = cached_options(name, beta=beta, clip=clip, level=level, agg=agg)
-            elif options.loss != name or (beta, clip, level, agg) != (0.0, None, "token",
-                                                                      "token-mean"):
-                raise ValueError(f"{name}: give options (resolved for this loss, not for "
-                                 f"{options.loss}) or beta/clip/level/agg, not both")
+            elif not isinstance(options, LossOptions) or options.loss != name:
+                raise ValueError(f"{name}: options must be a LossOptions resolved for {name} "
+                                 f"(rpg_ref.losses.check_options), got {options!r}")
+            elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
+                raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
             check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
             if impl == "fused" and name in FUSED_LOSSES:
                 return fused_loss(spec, options, logp, old_logp, advantages, mask, ref_logp,

@@ -227,7 +227,9 @@ def test_options_of_another_loss_or_with_keywords_refused():
     """options= is a LossOptions resolved for this very loss, and comes alone."""
     z, one = torch.zeros(1, 1), torch.ones(1, 1)
     opts = L.check_options("rpg-urkl", beta=0.1)
-    _refused("rpg-fkl: give options .*not for rpg-urkl", L.get_loss("rpg-fkl"), z, z,
-             torch.zeros(1), one, options=opts)
+    _refused("rpg-fkl: options must be a LossOptions resolved for rpg-fkl .*loss='rpg-urkl'",
+             L.get_loss("rpg-fkl"), z, z, torch.zeros(1), one, options=opts)
+    _refused("rpg-fkl: options must be a LossOptions", L.get_loss("rpg-fkl"), z, z, torch.zeros(1),
+             one, options={"beta": 0.1})
     _refused("rpg-urkl: give options", L.get_loss("rpg-urkl"), z, z, torch.zeros(1), one,
              options=opts, beta=0.2)
