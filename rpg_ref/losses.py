@@ -225,10 +225,13 @@ def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
 _CALL_DOC = """
 
     Call: (logp, old_logp, advantages, mask, *, beta=0, ref_logp=None, clip=None, level="token",
-    agg="token-mean", impl="fused"). logp, old_logp, mask (0/1, a token in every row), ref_logp:
-    [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B] or [B, T] ([B] at
-    level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip. agg: token-mean,
-    seq-mean-token-mean or seq-mean-token-sum. impl: "fused" or "reference" (autograd).
+    agg="token-mean", sample_weight=None, impl="fused"). logp, old_logp, mask (0/1, a token in
+    every row), ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B]
+    or [B, T] ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip.
+    agg: token-mean, seq-mean-token-mean or seq-mean-token-sum. sample_weight: None, or a constant
+    weight >= 0 of each unit's loss term before aggregation, [B, T] (level "token") or [B] (one per
+    response, any level): the rollout correction's pi_old / pi_sampler (rpg_ref.rollout_correction).
+    impl: "fused" or "reference" (autograd).
     Returns (loss, stats): stats are detached 0-dim tensors clip_frac_low, clip_frac_high,
     clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old
     (token-mean estimate of KL(pi_theta || pi_old)).
@@ -243,9 +246,10 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
 
     def register(formula: Callable) -> Callable:
         def loss_fn(logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, clip=None,
-                    level="token", agg="token-mean", impl="fused"):
+                    level="token", agg="token-mean", sample_weight=None, impl="fused"):
             return _loss(spec, formula, logp, old_logp, advantages, mask, beta=beta,
-                         ref_logp=ref_logp, clip=clip, level=level, agg=agg, impl=impl)
+                         ref_logp=ref_logp, clip=clip, level=level, agg=agg,
+                         sample_weight=sample_weight, impl=impl)
         loss_fn.__name__ = loss_fn.__qualname__ = formula.__name__
         loss_fn.__doc__ = formula.__doc__.strip() + _CALL_DOC
         loss_fn.spec, loss_fn.formula = spec, formula
@@ -255,23 +259,24 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
 
 
 def _loss(spec: LossSpec, formula, logp, old_logp, advantages, mask, *, beta, ref_logp, clip,
-          level, agg, impl):
+          level, agg, sample_weight, impl):
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     check_options(spec.name, beta=beta, clip=clip, level=level, agg=agg)
     losses_fused.check_tensors(logp, old_logp, advantages, mask, ref_logp, level)
+    losses_fused.check_sample_weight(sample_weight, logp, level)
     eps = parse_clip(spec.default_clip if clip is None else clip)
     bounds = None if eps is None else (1.0 - eps[0], 1.0 + eps[1], eps[2])
     if impl == "fused" and spec.name in losses_fused.KERNELS:
         return losses_fused.fused_loss(spec.name, logp, old_logp, advantages, mask, ref_logp,
                                        beta=float(beta), bounds=bounds, level=level, agg=agg,
-                                       clamp=LOG_RATIO_CLAMP)
+                                       clamp=LOG_RATIO_CLAMP, sample_weight=sample_weight)
     return reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, float(beta), bounds,
-                          level, agg)
+                          level, agg, sample_weight)
 
 
 def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: float, bounds,
-                   level: str, agg: str):
+                   level: str, agg: str, sample_weight=None):
     """formula's units, loss and statistics through autograd: what a level, an aggregation and
     each statistic mean (the fused kernel answers to this). Options and shapes: checked by _loss."""
     dt = torch.promote_types(logp.dtype, torch.float32)                     # at least float32
@@ -295,8 +300,12 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
               u=torch.ones_like(log_w) if ref is None else clamped(unit(ref - old)).exp(),
               A=adv[:, None] if adv.dim() == 1 else adv)
     out, kl = formula(x, beta, bounds)
+    unit_loss = out.loss                                                    # [B, T] or [B, 1]
+    if sample_weight is not None:                   # each unit's term times its constant weight
+        sw = sample_weight.detach().to(dt)
+        unit_loss = unit_loss * (sw[:, None] if sw.dim() == 1 else sw)
 
-    rows = (out.loss * m).sum(1) if level == "token" else out.loss[:, 0]   # [B] token-sums
+    rows = (unit_loss * m).sum(1) if level == "token" else unit_loss[:, 0]  # [B] token-sums
     loss = (rows.sum() / n.sum() if agg == "token-mean" else
             (rows / n).mean() if agg == "seq-mean-token-mean" else rows.mean())
 

@@ -113,6 +113,24 @@ def check_tensors(logp, old_logp, advantages, mask, ref_logp, level: str) -> Non
         raise ValueError(f"mask must be bool, integer or float, got {mask.dtype}")
 
 
+def check_sample_weight(sample_weight, logp, level: str) -> None:
+    """A sample weight is None or a finite tensor >= 0 of shape [B, T] (token level) or [B]."""
+    if sample_weight is None:
+        return
+    if not isinstance(sample_weight, Tensor) or not sample_weight.is_floating_point():
+        raise ValueError(f"sample_weight must be a floating-point torch.Tensor, got "
+                         f"{getattr(sample_weight, 'dtype', type(sample_weight).__name__)}")
+    shapes = (logp.shape[:1],) if level == "sequence" else (logp.shape[:1], logp.shape)
+    if sample_weight.shape not in shapes:
+        raise ValueError(f"sample_weight shape {tuple(sample_weight.shape)} must be "
+                         + " or ".join(str(list(s)) for s in shapes) + f" at level={level!r}")
+    w = sample_weight.detach()
+    if not bool((torch.isfinite(w) & (w >= 0)).all()):
+        bad = (~(torch.isfinite(w) & (w >= 0))).nonzero()[0]
+        raise ValueError(f"sample_weight must be finite and >= 0, got {float(w[tuple(bad)])} at "
+                         f"index {tuple(bad.tolist())}")
+
+
 def refuse_bad_data(checks: Tensor, logp, old_logp, advantages, mask, ref_logp) -> None:
     """Raise the ValueError that ``data_checks`` flagged, naming the argument (one host sync)."""
     mask_bad, total, n_empty = checks.tolist()
@@ -146,11 +164,12 @@ def data_checks(mask: Tensor, n_tok: Tensor, log_w: Tensor, log_rho: Tensor | No
 
 
 def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, ref_logp,
-                beta: float, bounds: tuple | None, level: str, agg: str, clamp: float):
+                beta: float, bounds: tuple | None, level: str, agg: str, clamp: float,
+                sample_weight=None):
     """Pure tensor math shared by every loss (run op by op, or fused by torch.compile).
 
     Inputs are detached; bounds is (1 - eps_low, 1 + eps_high, c or None); clamp bounds every
-    log-ratio. Returns (loss value, d loss / d logp [B, T] in logp's dtype, stats, data checks).
+    log-ratio; sample_weight (None, [B] or [B, T]) multiplies each unit's term. Returns (loss value, d loss / d logp [B, T] in logp's dtype, stats, data checks).
     A unit is a token ([B, T]) or a whole sequence ([B, 1]).
     """
     dt = torch.promote_types(logp.dtype, torch.float32)
@@ -185,6 +204,9 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
         unit_w = torch.full((B, 1), 1.0 / B, dtype=dt, device=lp.device)
         agg_w = (torch.full((B, 1), 1.0, dtype=dt, device=lp.device) / n_all if agg == "token-mean" else
                  (1.0 / (n_tok * B))[:, None] if agg == "seq-mean-token-mean" else unit_w)
+    if sample_weight is not None:                   # each unit's term times its constant weight
+        sw = sample_weight.to(dt)
+        agg_w = agg_w * (sw[:, None] if sw.dim() == 1 else sw)
 
     w = torch.exp(lw)                                                       # [B, T|1]
     u = 1.0 if lu is None else torch.exp(lu)                                # u = w / rho
@@ -338,7 +360,7 @@ class PrecomputedGradient(torch.autograd.Function):
 
 
 def fused_loss(name: str, logp, old_logp, advantages, mask, ref_logp, *, beta: float,
-               bounds: tuple | None, level: str, agg: str, clamp: float):
+               bounds: tuple | None, level: str, agg: str, clamp: float, sample_weight=None):
     """(loss differentiable in logp, detached stats) of the loss ``name`` of rpg_ref.losses, whose
     caller has checked the options and the shapes (check_tensors); bad data raises here."""
     family, div = KERNELS[name]
@@ -346,7 +368,7 @@ def fused_loss(name: str, logp, old_logp, advantages, mask, ref_logp, *, beta: f
         value, grad, stats, checks = run_kernel(
             family, div, logp.detach(), old_logp.detach(), advantages.detach(), mask,
             None if ref_logp is None else ref_logp.detach(), float(beta), bounds, level, agg, clamp,
-            numel=logp.numel(), device_type=logp.device.type)
+            None if sample_weight is None else sample_weight.detach(), numel=logp.numel(), device_type=logp.device.type)
     refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
     loss = PrecomputedGradient.apply(logp, value.to(logp.dtype), grad)
     return loss, {k: v.detach() for k, v in stats.items()}

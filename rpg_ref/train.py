@@ -50,6 +50,7 @@ from rpg_ref.logprobs import micro_batches, token_logprobs
 from rpg_ref.losses import LOSSES
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.rollout_correction import weights_for_batch
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
@@ -153,7 +154,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config)
             mstats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
             for _, ub in micro_batches(mb, mu, cfg.micro_batch_tokens):  # padding cut per micro-batch
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)  # [mu, T']
-                loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp, **loss_kw)
+                loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
+                                      sample_weight=ub.rollout_weight, **loss_kw)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
                 # (tokens for token-mean, sequences for the seq-mean aggregations)
                 w = float(ub.mask.sum()) / mb_tokens if cfg.agg == "token-mean" else len(ub) / M
@@ -286,6 +288,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         batch.adv = compute_advantages(
             resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m, old_logp=batch.old_logp,
             ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp, beta=cfg.beta)
+        rc_stats = weights_for_batch(batch, cfg)  # --rollout-correction: pi_old / pi_sampler weights
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
@@ -304,6 +307,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
                "kl_ref": kl_ref, "lr": opt.param_groups[0]["lr"]}
         if batch.sampler_logp is not None:
             row["logprob_diff_max"] = float(((batch.sampler_logp - batch.old_logp).abs() * m).max())
+        row.update(rc_stats)
         row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
         row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
                    train_tokens_per_s=stats["train_tokens"] / max(t_upd, 1e-9),
