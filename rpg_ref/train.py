@@ -6,7 +6,8 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
       1. sample G responses to each of B prompts with pi_old (= the current policy)   rollout
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
-         (--ref init: also log pi_ref(x) of the frozen initial policy)
+         (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
+         weights pi_old(x) / pi_sampler(x) from the engine's log-probs, rpg_ref.rollout_correction)
       4. A = advantage(R)  (group mean by default; rpg_ref.advantages)                 train, "4."
       5. for k = 1 .. K, over shuffled mini-batches:                                  update
            L = loss(log pi_theta, log pi_old, A; beta, pi_ref, clip)  (rpg_ref.losses)
