@@ -54,7 +54,8 @@ def k_problem(seed: int, ref_dist):
 
 
 def k_weights(P, mu_logp, mode="tis", cap=math.inf):
-    w, _ = importance_weights(P.old_logp.view(-1, 1), mu_logp.view(-1, 1), torch.ones(len(mu_logp), 1, dtype=DTYPE),
+    K = len(mu_logp)
+    w, _ = importance_weights(P.old_logp.view(K, 1), mu_logp.view(K, 1), torch.ones(K, 1, dtype=DTYPE),
                               mode=mode, level="sequence", cap=cap)
     return w                                                                      # [K]
 
@@ -132,7 +133,8 @@ def ar_setting(seed: int = 0, mu_dist: float = 0.5, last_token_only: bool = Fals
     if last_token_only:
         shift[: n - V ** (AR.L - 1)] = 0                  # prefixes shorter than L - 1: mu = pi_old
     R = torch.randn(len(AR.seqs), generator=g, dtype=DTYPE)
-    return theta, token_logp(th_old).detach(), token_logp(th_ref).detach(), token_logp(th_old + shift).detach(), R
+    old, ref, mu = (token_logp(t).detach() for t in (th_old, th_ref, th_old + shift))
+    return theta, old, ref, mu, R
 
 
 def ar_expected_grad(name, level, theta, old_tok, ref_tok, dist_tok, adv, beta, weight=None):
@@ -278,13 +280,15 @@ def check_rollout_correction_cap(ck: Checker, fast: bool) -> None:
             coef_log = cap_coef(mode, cap, old_tok.sum(1), mu_tok.sum(1)).log()
             bias = -ar_expected_grad(name, "sequence", theta, old_tok, ref_tok,
                                      coef_log[:, None] / AR.L * torch.ones_like(old_tok), R, 0.5)
-            ck.exact(f"{name} level=sequence {mode} C={cap:.3g}: E_mu[grad] == -grad J_seq + bias", g, target + bias)
+            ck.exact(f"{name} level=sequence {mode} C={cap:.3g}: E_mu[grad] == -grad J_seq + bias",
+                     g, target + bias)
     P, mu = k_problem(seed=3, ref_dist=0.8)
     cap = cap_between((P.old_logp - mu).exp(), 0.5)
     w = k_weights(P, mu, "tis", cap)
     _, G0 = k_expected_grad("rpg-reinforce-urkl", P, mu)
     _, G = k_expected_grad("rpg-reinforce-urkl", P, mu, w)
     exact = minus_grad_j("rpg-reinforce-urkl", P) + cap_bias("tis", cap, P.old_logp, mu, G0)[0]
-    k_mc(ck, f"rpg-reinforce-urkl tis C={cap:.3g}", "rpg-reinforce-urkl", P, mu, w, exact, G, mc_n(fast), seed=73)
+    k_mc(ck, f"rpg-reinforce-urkl tis C={cap:.3g}", "rpg-reinforce-urkl", P, mu, w, exact, G,
+         mc_n(fast), seed=73)
     ck.note("symbolic: n/a (min(r, C) = r - (r - C)_+ and r 1{r <= C} = r - r 1{r > C}; "
             "float64 enumeration and Monte Carlo through the library)")

@@ -169,7 +169,8 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
     """Pure tensor math shared by every loss (run op by op, or fused by torch.compile).
 
     Inputs are detached; bounds is (1 - eps_low, 1 + eps_high, c or None); clamp bounds every
-    log-ratio; sample_weight (None, [B] or [B, T]) multiplies each unit's term. Returns (loss value, d loss / d logp [B, T] in logp's dtype, stats, data checks).
+    log-ratio; sample_weight (None, [B] or [B, T]) multiplies each unit's term. Returns (loss
+    value, d loss / d logp [B, T] in logp's dtype, stats, data checks).
     A unit is a token ([B, T]) or a whole sequence ([B, 1]).
     """
     dt = torch.promote_types(logp.dtype, torch.float32)
@@ -368,7 +369,8 @@ def fused_loss(name: str, logp, old_logp, advantages, mask, ref_logp, *, beta: f
         value, grad, stats, checks = run_kernel(
             family, div, logp.detach(), old_logp.detach(), advantages.detach(), mask,
             None if ref_logp is None else ref_logp.detach(), float(beta), bounds, level, agg, clamp,
-            None if sample_weight is None else sample_weight.detach(), numel=logp.numel(), device_type=logp.device.type)
+            None if sample_weight is None else sample_weight.detach(),
+            numel=logp.numel(), device_type=logp.device.type)
     refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
     loss = PrecomputedGradient.apply(logp, value.to(logp.dtype), grad)
     return loss, {k: v.detach() for k, v in stats.items()}

@@ -71,7 +71,8 @@ def seq(out: Path) -> None:
           + " | ".join(f"{k} mean [min, max] over steps" for k in keys) + " |")
     print("|---" * (3 + len(keys)) + "|")
     for name, flags in SEQ.items():
-        s, rows = run(["--hf-gen-dtype", "bfloat16", "--out", str(out / "seq" / name.replace(" ", "-")), *flags])
+        s, rows = run(["--hf-gen-dtype", "bfloat16", "--out", str(out / "seq" / name.replace(" ", "-")),
+                       *flags])
         cells = []
         for k in keys:
             v = [r[k] for r in rows if k in r]

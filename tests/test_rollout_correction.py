@@ -119,7 +119,8 @@ def test_sample_weight_fused_equals_reference(name, clip, ref, level, agg, shape
     """With a sample_weight ([B, T] per token, or [B] per response), loss and d loss / d logp of
     impl="fused" equal impl="reference" (float64, 1e-12), the statistics are those without the
     weight, and the weight changes the loss (it is not ignored)."""
-    logp, old, ref_logp, adv, mask, w_tok, w_seq = _inputs(zlib.crc32(f"{name}{clip}{ref}{level}{agg}".encode()))
+    seed = zlib.crc32(f"{name}{clip}{ref}{level}{agg}".encode())
+    logp, old, ref_logp, adv, mask, w_tok, w_seq = _inputs(seed)
     kw = dict(ref_logp=None if ref == "ref=old" else ref_logp, clip=CLIPS[clip], level=level, agg=agg,
               beta=L.loss_beta(name, L.default_beta(name, 0.3)))
     weight = w_tok if shape == "per-token" else w_seq
@@ -141,7 +142,8 @@ def test_sample_weight_multiplies_each_units_term(impl, level):
     weight multiplies each unit's term and is not renormalized (no division by sum c)."""
     logp, old, ref, adv, mask, _, w_seq = _inputs(7)
     if level == "token":
-        logp, old, ref, mask = logp[:, :1], old[:, :1], ref[:, :1], torch.ones(len(adv), 1, dtype=torch.float64)
+        logp, old, ref = logp[:, :1], old[:, :1], ref[:, :1]
+        mask = torch.ones(len(adv), 1, dtype=torch.float64)
     agg = "token-mean" if level == "token" else "seq-mean-token-sum"
     kw = dict(ref_logp=ref, beta=0.3, clip=(0.2, 0.28, 3.0), level=level, agg=agg, impl=impl)
     fn = L.get_loss("rpg-reinforce-rkl")
@@ -199,7 +201,8 @@ def test_bad_rollout_correction_is_refused_before_any_work(tmp_path, capsys, arg
     out = tmp_path / "o"
     assert cli.main(argv + ["--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("rpg-train: bad configuration") and re.search(msg, err), err
+    assert err.count("\n") == 1 and err.startswith("rpg-train: bad configuration"), err
+    assert re.search(msg, err), err
     assert not out.exists()
 
 
@@ -256,8 +259,9 @@ def test_bandit_with_a_tempered_sampler_reaches_the_optimum_only_when_corrected(
     monkeypatch.setitem(ENGINES, "tempered", TemperedEngine)
     base = ["--preset", "bandit", "--ref", "init", "--engine", "tempered", "--no-progress"]
     plain = train.train(cli.parse_config(base + ["--out", str(tmp_path / "none")]))
-    fixed = train.train(cli.parse_config(base + ["--out", str(tmp_path / "tis"), "--rollout-correction", "tis",
-                                                 "--rollout-correction-cap", "inf"]))
-    assert fixed["tv_distance"] < min(0.01, plain["tv_distance"] / 10), (plain["tv_distance"], fixed["tv_distance"])
+    fixed = train.train(cli.parse_config(base + ["--out", str(tmp_path / "tis"), "--rollout-correction",
+                                                 "tis", "--rollout-correction-cap", "inf"]))
+    tv_plain, tv_fixed = plain["tv_distance"], fixed["tv_distance"]
+    assert tv_fixed < min(0.01, tv_plain / 10), (tv_plain, tv_fixed)
     last = json.loads((tmp_path / "tis" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["rc_log_ratio_max"] > 1 and last["rc_capped_frac"] == 0 and last["rc_ess"] < 0.9
