@@ -58,6 +58,10 @@ def importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, 
         dt = torch.promote_types(old_logp.dtype, torch.float32)
         m = mask.to(dt)
         log_r = (old_logp.to(dt) - sampler_logp.to(dt)) * m                 # [B, T] per token
+        if not bool(torch.isfinite(log_r).all()):
+            bad = tuple((~torch.isfinite(log_r)).nonzero()[0].tolist())
+            raise ValueError(f"log pi_old - log pi_sampler is not finite at {bad}: old_logp "
+                             f"{float(old_logp[bad])}, sampler_logp {float(sampler_logp[bad])}")
         if level == "sequence":
             log_r, m = log_r.sum(1), torch.ones(m.shape[0], dtype=dt, device=m.device)  # [B]
         r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()

@@ -84,6 +84,15 @@ def test_bad_options_are_refused(kw, msg):
         importance_weights(OLD, MU, MASK, **kw)
 
 
+def test_non_finite_log_probs_are_refused():
+    """A sampler log-prob of -inf (a token the sampler says it could not draw) is named, not
+    turned into an infinite or NaN weight."""
+    mu = MU.clone()
+    mu[1, 0] = -math.inf
+    with pytest.raises(ValueError, match=r"not finite at \(1, 0\).*sampler_logp -inf"):
+        importance_weights(OLD, mu, MASK, mode="tis", level="token", cap=2.0)
+
+
 # ------------------------------------------------------------------------------------------
 # the losses' sample_weight
 # ------------------------------------------------------------------------------------------
