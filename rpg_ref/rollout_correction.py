@@ -57,7 +57,7 @@ def importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, 
     with torch.no_grad():
         dt = torch.promote_types(old_logp.dtype, torch.float32)
         m = mask.to(dt)
-        log_r = (old_logp.to(dt) - sampler_logp.to(dt)) * m                 # [B, T] per token
+        log_r = torch.where(m > 0, old_logp.to(dt) - sampler_logp.to(dt), 0.0)  # [B, T] per token
         if not bool(torch.isfinite(log_r).all()):
             bad = tuple((~torch.isfinite(log_r)).nonzero()[0].tolist())
             raise ValueError(f"log pi_old - log pi_sampler is not finite at {bad}: old_logp "
