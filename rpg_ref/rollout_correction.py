@@ -78,7 +78,8 @@ def _weights(old_logp, sampler_logp, mask, mode, level, cap):
         else:
             w = torch.where(over, 0.0, r)                                   # r 1{r <= C}
         w = w * m                                                           # 0 at padding
-        sums = {"n": float(m.sum()), "w": float(w.sum()), "w2": float((w * w).sum()),
+        w64 = w.double()                                                    # sums in float64
+        sums = {"n": float(m.sum()), "w": float(w64.sum()), "w2": float((w64 * w64).sum()),
                 "capped": float(over.sum())}
     return w, sums, float(log_r.abs().max())
 
