@@ -135,8 +135,8 @@ def main(out_path: str) -> None:
         if cfg.ref != "init":
             b.ref_logp = None
         if cfg.rollout_correction != "none":  # a sampler mu != pi_old
-            noise = 0.2 * torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-            b.sampler_logp = (b.old_logp + noise) * b.mask
+            g = torch.Generator().manual_seed(4)
+            b.sampler_logp = (b.old_logp + 0.2 * torch.randn(b.mask.shape, generator=g, dtype=torch.float64)) * b.mask
         lo, hi = D.share(N)
         share = b.index(slice(lo, hi))
         single = copy.deepcopy(base)
