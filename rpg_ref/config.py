@@ -2,9 +2,9 @@
 
 Each field's ``help`` is its --help text (rpg_ref/cli.py builds the parser from this dataclass).
 A preset holds only the values that differ from the dataclass defaults; options of a task or an
-engine are written "<task>_<option>". Rules about a loss's own options (clip, beta, level, agg)
-live in rpg_ref.losses (``check_options``, ``loss_beta``, ``default_beta``) and are called here,
-not restated; ``validate`` states every other rule once.
+engine are written "<task>_<option>". A loss's own options (beta, clip, level, agg) are resolved
+and checked once by rpg_ref.losses.run_options (``loss_options``: the frozen value the loop passes
+to every loss call); ``validate`` states every other rule once.
 """
 
 from __future__ import annotations
@@ -207,17 +207,15 @@ def preset_for(task: str | None, preset: str | None) -> str:
 # =============================================================================================
 
 
-def resolved_clip(cfg: Config) -> tuple | None:
-    """The clip handed to the loss: (eps_low, eps_high, c or None), or None (the loss's default)."""
-    return None if cfg.no_clip else L.parse_clip(cfg.clip)
+def loss_options(cfg: Config) -> L.LossOptions:
+    """The loss's options, resolved once: beta split between the loss and the reward, the clip
+    bounds (the loss's default without --clip), level and aggregation."""
+    return L.run_options(cfg.algo, beta=cfg.beta, clip=cfg.clip, level=cfg.level, agg=cfg.agg,
+                         no_clip=cfg.no_clip)
 
 
 def resolved_adv(cfg: Config) -> str:
     return L.SPECS[cfg.algo].advantage if cfg.adv == "auto" else cfg.adv
-
-
-def loss_beta(cfg: Config) -> float:
-    return L.loss_beta(cfg.algo, cfg.beta)
 
 
 def fill_options(cfg: Config, flags: dict, owners: dict) -> None:
@@ -255,9 +253,8 @@ def validate(cfg: Config) -> None:
     def bad(msg):
         raise ValueError(f"bad configuration: {msg}")
 
-    try:  # the loss's own rules: name (loss_beta refuses an unknown one), beta, clip, level, agg
-        L.check_options(cfg.algo, beta=loss_beta(cfg), clip=cfg.clip, level=cfg.level, agg=cfg.agg,
-                        no_clip=cfg.no_clip)
+    try:  # the loss's own rules: name, beta, clip, level, agg
+        loss_options(cfg)
     except ValueError as e:
         bad(f"--algo {cfg.algo}: {e}")
     resolve(TASKS, cfg.task, "task")

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from rpg_ref import distributed as D
 from rpg_ref import train
-from rpg_ref.config import Config
+from rpg_ref.config import Config, loss_options
 from rpg_ref.interfaces import Batch, collate
 
 # (name, Config fields): token-mean and seq-mean losses, with micro-batches by count and by token
@@ -86,7 +86,7 @@ def one_process_update(model, b, cfg):
     D.active, D.world = (lambda: False), (lambda: 1)
     try:
         opt = make_opt(model)
-        return {**rollout_weights(b, cfg), **train.update(model, opt, b, cfg)}
+        return {**rollout_weights(b, cfg), **train.update(model, opt, b, cfg, loss_options(cfg))}
     finally:
         D.active, D.world = active, world
 
@@ -145,7 +145,7 @@ def main(out_path: str) -> None:
         sharded = D.shard(copy.deepcopy(base))
         torch.manual_seed(2)
         d_stats = {**rollout_weights(share, cfg),
-                   **train.update(sharded, make_opt(sharded), share, cfg)}
+                   **train.update(sharded, make_opt(sharded), share, cfg, loss_options(cfg))}
         want, got = {n: p.detach() for n, p in single.named_parameters()}, full_params(sharded)
         results["cases"][name] = {
             "param_max_abs_diff": max(float((got[n] - want[n]).abs().max()) for n in want),
