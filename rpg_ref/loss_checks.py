@@ -44,6 +44,24 @@ def check_tensors(logp, old_logp, advantages, mask, ref_logp, level: str) -> Non
         raise ValueError(f"mask must be bool, integer or float, got {mask.dtype}")
 
 
+def check_sample_weight(sample_weight, logp, level: str) -> None:
+    """A sample weight is None or a finite tensor >= 0 of shape [B, T] (token level) or [B]."""
+    if sample_weight is None:
+        return
+    if not isinstance(sample_weight, Tensor) or not sample_weight.is_floating_point():
+        raise ValueError(f"sample_weight must be a floating-point torch.Tensor, got "
+                         f"{getattr(sample_weight, 'dtype', type(sample_weight).__name__)}")
+    shapes = (logp.shape[:1],) if level == "sequence" else (logp.shape[:1], logp.shape)
+    if sample_weight.shape not in shapes:
+        raise ValueError(f"sample_weight shape {tuple(sample_weight.shape)} must be "
+                         + " or ".join(str(list(s)) for s in shapes) + f" at level={level!r}")
+    w = sample_weight.detach()
+    if not bool((torch.isfinite(w) & (w >= 0)).all()):
+        bad = (~(torch.isfinite(w) & (w >= 0))).nonzero()[0]
+        raise ValueError(f"sample_weight must be finite and >= 0, got {float(w[tuple(bad)])} at "
+                         f"index {tuple(bad.tolist())}")
+
+
 def refuse_bad_data(checks: Tensor, logp, old_logp, advantages, mask, ref_logp) -> None:
     """Raise the ValueError that ``data_checks`` flagged, naming the argument (one host sync)."""
     mask_bad, total, n_empty = checks.tolist()

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from rpg_ref.divergences import DIVERGENCES
-from rpg_ref.loss_checks import check_tensors, data_checks, refuse_bad_data
+from rpg_ref.loss_checks import check_sample_weight, check_tensors, data_checks, refuse_bad_data
 from rpg_ref.loss_spec import (
     AGGREGATIONS,
     LEVELS,
@@ -192,12 +192,15 @@ def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
 _CALL_DOC = """
 
     Call: (logp, old_logp, advantages, mask, *, beta=0, ref_logp=None, clip=None, level="token",
-    agg="token-mean", impl="fused", options=None). logp, old_logp, mask (0/1, a token in every row),
-    ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B] or [B, T]
-    ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip. agg:
-    token-mean, seq-mean-token-mean or seq-mean-token-sum. impl: "fused" or "reference" (autograd).
-    options: a LossOptions resolved once for this loss (rpg_ref.losses.check_options or
-    run_options), instead of beta, clip, level and agg (a trainer's per-call path).
+    agg="token-mean", sample_weight=None, impl="fused", options=None). logp, old_logp, mask (0/1,
+    a token in every row), ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper).
+    advantages: [B] or [B, T] ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf:
+    no dual clip. agg: token-mean, seq-mean-token-mean or seq-mean-token-sum. sample_weight: None,
+    or a constant weight >= 0 of each unit's loss term before aggregation, [B, T] (level "token")
+    or [B] (one per response, any level): the rollout correction's pi_old / pi_sampler
+    (rpg_ref.rollout_correction). impl: "fused" or "reference" (autograd). options: a LossOptions
+    resolved once for this loss (rpg_ref.losses.check_options or run_options), instead of beta,
+    clip, level and agg (a trainer's per-call path).
     Returns (loss, stats): stats are detached 0-dim tensors clip_frac_low, clip_frac_high,
     clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old (token-mean
     estimate of KL(pi_theta || pi_old)).
@@ -212,7 +215,8 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
 
     def register(formula: Callable) -> Callable:
         def loss_fn(logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, clip=None,
-                    level="token", agg="token-mean", impl="fused", options=None):
+                    level="token", agg="token-mean", sample_weight=None, impl="fused",
+                    options=None):
             if impl not in IMPLS:
                 raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
             if options is None:
@@ -223,10 +227,12 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
             elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
                 raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
             check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
+            check_sample_weight(sample_weight, logp, options.level)
             if impl == "fused" and name in FUSED_LOSSES:
                 return fused_loss(spec, options, logp, old_logp, advantages, mask, ref_logp,
-                                  clamp=LOG_RATIO_CLAMP)
-            return reference_loss(formula, options, logp, old_logp, advantages, mask, ref_logp)
+                                  clamp=LOG_RATIO_CLAMP, sample_weight=sample_weight)
+            return reference_loss(formula, options, logp, old_logp, advantages, mask, ref_logp,
+                                  sample_weight)
         loss_fn.__name__ = loss_fn.__qualname__ = formula.__name__
         loss_fn.__doc__ = formula.__doc__.strip() + _CALL_DOC
         loss_fn.spec, loss_fn.formula = spec, formula
@@ -235,7 +241,8 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
     return register
 
 
-def reference_loss(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_logp):
+def reference_loss(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_logp,
+                   sample_weight=None):
     """formula's units, loss and statistics through autograd: what a level, an aggregation and
     each statistic mean (the fused kernel answers to this). Shapes: checked by the caller."""
     level, agg = opts.level, opts.agg
@@ -260,8 +267,12 @@ def reference_loss(formula, opts: LossOptions, logp, old_logp, advantages, mask,
               u=torch.ones_like(log_w) if ref is None else clamped(unit(ref - old)).exp(),
               A=adv[:, None] if adv.dim() == 1 else adv)
     out, kl = formula(x, opts.beta, opts.bounds)
+    unit_loss = out.loss                                                    # [B, T] or [B, 1]
+    if sample_weight is not None:                   # each unit's term times its constant weight
+        sw = sample_weight.detach().to(dt)
+        unit_loss = unit_loss * (sw[:, None] if sw.dim() == 1 else sw)
 
-    rows = (out.loss * m).sum(1) if level == "token" else out.loss[:, 0]   # [B] token-sums
+    rows = (unit_loss * m).sum(1) if level == "token" else unit_loss[:, 0]  # [B] token-sums
     loss = (rows.sum() / n.sum() if agg == "token-mean" else
             (rows / n).mean() if agg == "seq-mean-token-mean" else rows.mean())
 

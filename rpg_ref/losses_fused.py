@@ -44,12 +44,14 @@ FUSED_LOSSES = frozenset({
 
 
 def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp,
-                beta: float, bounds: tuple | None, level: str, agg: str, clamp: float):
+                beta: float, bounds: tuple | None, level: str, agg: str, clamp: float,
+                sample_weight=None):
     """Pure tensor math shared by every loss (run op by op, or fused by torch.compile).
 
     Inputs are detached; bounds is (1 - eps_low, 1 + eps_high, c or None); clamp bounds every
-    log-ratio. Returns (loss value, d loss / d logp [B, T] in logp's dtype, stats, data checks).
-    A unit is a token ([B, T]) or a whole sequence ([B, 1]). family and kl: the loss's LossSpec.
+    log-ratio; sample_weight (None, [B] or [B, T]) multiplies each unit's term. Returns (loss
+    value, d loss / d logp [B, T] in logp's dtype, stats, data checks). A unit is a token
+    ([B, T]) or a whole sequence ([B, 1]). family and kl: the loss's LossSpec.
     """
     D = DIVERGENCES[kl]
     dt = torch.promote_types(logp.dtype, torch.float32)
@@ -84,6 +86,9 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
         unit_w = torch.full((B, 1), 1.0 / B, dtype=dt, device=lp.device)
         agg_w = (torch.full((B, 1), 1.0, dtype=dt, device=lp.device) / n_all if agg == "token-mean" else
                  (1.0 / (n_tok * B))[:, None] if agg == "seq-mean-token-mean" else unit_w)
+    if sample_weight is not None:                   # each unit's term times its constant weight
+        sw = sample_weight.to(dt)
+        agg_w = agg_w * (sw[:, None] if sw.dim() == 1 else sw)
 
     w = torch.exp(lw)                                                       # [B, T|1]
     u = 1.0 if lu is None else torch.exp(lu)                                # u = w / rho
@@ -229,7 +234,8 @@ class PrecomputedGradient(torch.autograd.Function):
         return grad_out * grad, None, None
 
 
-def fused_loss(spec, opts, logp, old_logp, advantages, mask, ref_logp, *, clamp: float):
+def fused_loss(spec, opts, logp, old_logp, advantages, mask, ref_logp, *, clamp: float,
+               sample_weight=None):
     """(loss differentiable in logp, detached stats) of the loss of rpg_ref.losses that ``spec``
     (its LossSpec) describes, with ``opts`` (its LossOptions, resolved); the caller has checked the
     shapes (check_tensors); bad data raises here."""
@@ -237,7 +243,7 @@ def fused_loss(spec, opts, logp, old_logp, advantages, mask, ref_logp, *, clamp:
         value, grad, stats, checks = run_kernel(
             spec.family, spec.kl, logp.detach(), old_logp.detach(), advantages.detach(), mask,
             None if ref_logp is None else ref_logp.detach(), opts.beta, opts.bounds, opts.level,
-            opts.agg, clamp,
+            opts.agg, clamp, None if sample_weight is None else sample_weight.detach(),
             numel=logp.numel(), device_type=logp.device.type)
     refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
     loss = PrecomputedGradient.apply(logp, value.to(logp.dtype), grad)

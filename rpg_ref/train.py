@@ -6,7 +6,8 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
       1. sample G responses to each of B prompts with pi_old (= the current policy)   rollout
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
-         (--ref init: also log pi_ref(x) of the frozen initial policy)
+         (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
+         weights pi_old(x) / pi_sampler(x) from the engine's log-probs, rpg_ref.rollout_correction)
       4. A = advantage(R)  (group mean by default; rpg_ref.advantages)                 train, "4."
       5. for k = 1 .. K, over shuffled mini-batches:                                  update
            L = loss(log pi_theta, log pi_old, A; beta, pi_ref, clip)  (rpg_ref.losses)
@@ -51,6 +52,7 @@ from rpg_ref.logprobs import micro_batches, token_logprobs
 from rpg_ref.losses import LOSSES, LossOptions
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.rollout_correction import weights_for_batch
 from rpg_ref.shaping import overlong_penalty
 
 # =============================================================================================
@@ -153,7 +155,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
             for ub, live in D.even_micro_batches(micro_batches(mb, mu, cfg.micro_batch_tokens)):
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)  # [mu, T']
                 loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
-                                      options=loss_opts)
+                                      sample_weight=ub.rollout_weight, options=loss_opts)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
                 # (tokens for token-mean, sequences for the seq-mean aggregations), over all ranks
                 w = float(ub.mask.sum()) / mb_tokens if cfg.agg == "token-mean" else len(ub) / M
@@ -299,6 +301,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             compute_advantages, resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m,
             old_logp=batch.old_logp, beta=loss_opts.reward_beta,
             ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
+        rc_stats = weights_for_batch(batch, cfg)  # --rollout-correction: pi_old / pi_sampler weights
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
@@ -319,6 +322,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         if batch.sampler_logp is not None:
             diff = float(((batch.sampler_logp - batch.old_logp).abs() * m).max())
             row["logprob_diff_max"] = D.reduce_max({"d": diff})["d"]
+        row.update(rc_stats)
         row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
         row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
                    train_tokens_per_s=stats["train_tokens"] / max(t_upd, 1e-9),
