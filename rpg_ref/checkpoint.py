@@ -12,7 +12,6 @@ to one that was never interrupted (tests/test_train.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from rpg_ref.strict_json import dumps, loads
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -66,7 +67,7 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
         save_model(ref, str(tmp / "ref.safetensors"))
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
     torch.save({**rng_state(), "prompt_gen": gen.get_state()}, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "config": dataclasses.asdict(cfg)}))
+    (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg)}))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     atomic_write(root / "LATEST", final.name)
@@ -81,7 +82,7 @@ def latest_step(out: Path) -> int:
     latest = out / "checkpoints" / "LATEST"
     if not latest.exists():
         return 0
-    return json.loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
+    return loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
 
 
 def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
@@ -100,4 +101,4 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
     st = torch.load(ck / "rng.pt", weights_only=True)
     set_rng_state(st)
     gen.set_state(st["prompt_gen"])
-    return json.loads((ck / "state.json").read_text())["step"]
+    return loads((ck / "state.json").read_text())["step"]

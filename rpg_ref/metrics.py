@@ -30,7 +30,6 @@ bar, and the memory probes.
 from __future__ import annotations
 
 import gc
-import json
 import resource
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import torch
 from torch import nn
 
 from rpg_ref.checkpoint import atomic_write
+from rpg_ref.strict_json import dumps, loads
 
 
 class MetricsLog:
@@ -46,7 +46,7 @@ class MetricsLog:
     def __init__(self, out: Path, start_step: int, tensorboard: bool):
         self.path = out / "metrics.jsonl"
         if self.path.exists():
-            keep = [ln for ln in self._lines() if json.loads(ln)["step"] <= start_step]
+            keep = [ln for ln in self._lines() if loads(ln)["step"] <= start_step]
             atomic_write(self.path, "".join(ln + "\n" for ln in keep))
         self.tb = None
         if tensorboard:
@@ -62,11 +62,11 @@ class MetricsLog:
     def last_row(self) -> dict:
         """The latest row written ({} for a new run)."""
         rows = self._lines()
-        return json.loads(rows[-1]) if rows else {}
+        return loads(rows[-1]) if rows else {}
 
     def write(self, row: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(dumps(row) + "\n")
             f.flush()  # survives a killed process (the OS holds the data)
         if self.tb is not None:
             for k, v in row.items():

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import random
 import time
@@ -50,6 +49,7 @@ from rpg_ref.logprobs import micro_batches, token_logprobs
 from rpg_ref.losses import LOSSES
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.strict_json import dumps, loads
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
@@ -251,11 +251,11 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     """Run (or resume) the training described by ``cfg``; returns the summary dict."""
     out = Path(cfg.out)
     if finished(cfg):  # leave every file as it is
-        return json.loads((out / "summary.json").read_text())
+        return loads((out / "summary.json").read_text())
     device, task, policy, ref, engine, opt, gen = run or prepare(cfg)
     out.mkdir(parents=True, exist_ok=True)
     if not cfg.resume:
-        atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
+        atomic_write(out / "config.json", dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
     if start:
         engine.sync_weights(policy)  # the engine was built before the checkpoint was loaded
@@ -328,6 +328,6 @@ def train(cfg: Config, run: Run | None = None) -> dict:
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params,
                "wall_time_s_this_process": time.perf_counter() - t_run, **task.summary(policy, cfg)}
-    atomic_write(out / "summary.json", json.dumps(summary, indent=1))
+    atomic_write(out / "summary.json", dumps(summary, indent=1))
     return summary
 

@@ -368,15 +368,16 @@ class MathTask:
         if o.dtype not in DTYPES:
             bad(f"--math-dtype must be one of {DTYPES}, got {o.dtype!r}")
         if o.train_limit < 0 or o.eval_limit < 0 or o.max_prompt_tokens < 0 or o.eval_n < 0:
-            bad("train_limit, eval_limit, max_prompt_tokens and eval_n must be >= 0")
+            bad("--math-train-limit, --math-eval-limit, --math-max-prompt-tokens and --math-eval-n "
+                "must be >= 0")
         if o.eval_n:
             if not o.eval_data:
                 bad("--math-eval-data is empty (use --math-eval-n 0 for no evaluation)")
             wrong = [k for k in o.eval_k if not 1 <= k <= o.eval_n]
             if wrong or not o.eval_k:
-                bad(f"--math-eval-k values must be in [1, eval_n={o.eval_n}], got {o.eval_k}")
+                bad(f"--math-eval-k values must be in [1, --math-eval-n {o.eval_n}], got {o.eval_k}")
             if o.eval_temperature < 0 or not 0 < o.eval_top_p <= 1:
-                bad(f"need eval_temperature >= 0 and 0 < eval_top_p <= 1, got "
+                bad(f"need --math-eval-temperature >= 0 and 0 < --math-eval-top-p <= 1, got "
                     f"{o.eval_temperature}, {o.eval_top_p}")
             if o.eval_temperature == 0 and o.eval_n > 1:
                 bad("--math-eval-temperature 0 (greedy) gives identical samples: use --math-eval-n 1")
@@ -461,13 +462,14 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
     from safetensors.torch import load_model
 
     from rpg_ref.config import Config
+    from rpg_ref.strict_json import loads
 
     out = Path(out)
     latest = out / "checkpoints" / "LATEST"
     if not (out / "config.json").is_file() or not latest.is_file():
         raise ValueError(f"{out}: not a run folder with a checkpoint (need config.json and "
                          f"checkpoints/LATEST)")
-    cfg = Config(**json.loads((out / "config.json").read_text()))
+    cfg = Config(**loads((out / "config.json").read_text()))
     if cfg.task != "math":
         raise ValueError(f"{out}: a {cfg.task!r} run, not a math run")
     task = MathTask(cfg, torch.device("cpu"))
