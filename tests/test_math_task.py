@@ -260,7 +260,7 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     (["--math-prompt", "xml"], "--math-prompt must be one of"),
     (["--math-scoring", "ternary"], "--math-scoring must be one of"),
     (["--math-dtype", "fp8"], "--math-dtype must be one of"),
-    (["--math-eval-k", "4"], r"--math-eval-k values must be in \[1, eval_n=2\]"),
+    (["--math-eval-k", "4"], r"--math-eval-k values must be in \[1, --math-eval-n 2\]"),
     (["--math-eval-temperature", "0"], "greedy"),
     (["--math-train-limit", "1"], "1 usable problems .* < --prompts-per-step 2"),
     (["--math-max-prompt-tokens", "10"], "40 dropped as longer than 10 prompt tokens"),
