@@ -36,7 +36,7 @@ def read_run(folder: Path) -> list[dict]:
     """The complete rows of FOLDER/metrics.jsonl (a row cut short by a kill is left out)."""
     path = folder / "metrics.jsonl"
     if not path.is_file():
-        why = "no such folder" if not folder.exists() else f"no metrics.jsonl in it"
+        why = "no such folder" if not folder.exists() else "no metrics.jsonl in it"
         raise ValueError(f"{folder}: {why} (pass rpg-train output folders, e.g. runs/seq-rpg-reinforce-urkl-s0)")
     text = path.read_text()
     rows = [loads(ln) for ln in text[: text.rfind("\n") + 1].splitlines() if ln.strip()]

@@ -84,7 +84,7 @@ def test_default_out_is_unique_per_configuration():
     that changes a value adds a short hash: two configurations never share a folder, the order of
     the flags does not matter, a flag equal to the preset's value changes nothing, and presets of
     the same task get their own names."""
-    out = lambda *argv: cli.parse_config(list(argv)).out  # noqa: E731
+    out = lambda *argv: cli.parse_config(list(argv)).out
     assert out() == "runs/seq-rpg-reinforce-urkl-s0"
     assert out("--algo", "grpo", "--seed", "3") == "runs/seq-grpo-s3"
     assert out("--steps", "80") == out()  # the seq preset's own value
