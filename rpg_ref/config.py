@@ -183,6 +183,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # `rpg-train --task math` (no --preset): the paper's recipe on the math task's default engine (hf)
 PRESETS["math"] = {k: v for k, v in PRESETS["qwen3-4b-h100"].items() if k != "engine"}
+# the math pipeline on a CPU in about a minute: a tiny random Qwen3 (the real tokenizer and chat
+# template), real training problems, the paper's loss and clip, DAPO's overlong penalty over the
+# last 8 of 32 tokens, then Mean@k / Pass@k on 8 AMC23 problems. It checks the pipeline, not the
+# learning: random text never ends nor holds an answer, so every reward is -1 - 1 (wrong, overlong).
+PRESETS["math-cpu"] = dict(
+    PRESETS["math"], device="cpu", threads=1, steps=4, prompts_per_step=4, group_size=4,
+    max_new_tokens=32, dynamic_sampling=False, overlong_buffer=8, mini_batch_size=8,
+    micro_batch_size=0, lr=1e-4, warmup_steps=0, eval_every=0, save_every=2,
+    math_model="tiny-qwen3", math_train_limit=256, math_eval_data=["amc23"], math_eval_limit=8,
+    math_eval_n=2, math_eval_k=[1, 2], math_dtype="float32", math_gradient_checkpointing=False)
 DEFAULT_PRESET = "seq"
 
 

@@ -75,10 +75,14 @@ class MetricsLog:
 
 
 class Progress:
-    """A tqdm bar when tqdm is installed, else one line per step (or nothing when disabled)."""
+    """A tqdm bar when tqdm is installed, else one line per step (or nothing when disabled).
+    ``phase`` names the part of a step that is running (rollout, log-probs, update, evaluation,
+    checkpoint) in the bar's description while steps are slow (over a second)."""
+
+    SLOW_S = 1.0
 
     def __init__(self, total: int, initial: int, enabled: bool):
-        self.bar, self.enabled = None, enabled
+        self.bar, self.enabled, self.slow = None, enabled, True  # slow until a step says otherwise
         if enabled:
             try:
                 from tqdm import tqdm
@@ -87,9 +91,15 @@ class Progress:
             except ImportError:
                 pass
 
+    def phase(self, name: str) -> None:
+        if self.bar is not None and self.slow:
+            self.bar.set_description_str(f"rpg-train [{name}]")
+
     def update(self, step: int, total: int, row: dict) -> None:
         msg = {k: f"{row[k]:.3g}" for k in ("reward", "accuracy", "kl_old", "entropy") if k in row}
+        self.slow = row.get("time_step", 0.0) > self.SLOW_S
         if self.bar is not None:
+            self.bar.set_description_str("rpg-train", refresh=False)
             self.bar.set_postfix(msg)
             self.bar.update(1)
         elif self.enabled:
@@ -97,7 +107,21 @@ class Progress:
 
     def close(self):
         if self.bar is not None:
+            self.bar.set_description_str("rpg-train", refresh=False)
             self.bar.close()
+
+
+def task_progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar for a task's own long phase (e.g. the seq task's warm start), or None (no tqdm,
+    or progress disabled: then one line says what is running)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(f"{desc}: {total} steps ...", flush=True)
+        return None
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False)
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -273,11 +273,13 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             g["lr"] = lr_at(step, cfg)
 
         # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
+        bar.phase("rollout")
         engine.wake()
         batch, info = rollout(task, engine, cfg, gen, device)
         engine.sleep()
 
         # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
+        bar.phase("log-probs")
         t0 = time.perf_counter()
         batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
         if ref is not None:
@@ -289,6 +291,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
+        bar.phase("update")
         t0 = time.perf_counter()
         stats = update(policy, opt, batch, cfg)
         t_upd = time.perf_counter() - t0
@@ -310,6 +313,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
                    time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
                    time_logprob=t_lp, time_update=t_upd)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            bar.phase("evaluation")
             last_eval = {f"eval_{k}": v for k, v in task.evaluate(policy, engine).items()}
             row.update(last_eval)
         row["time_step"] = time.perf_counter() - t_step
@@ -319,6 +323,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         log.write(row)
         bar.update(step, cfg.steps, row)
         if step % cfg.save_every == 0 or step == cfg.steps:
+            bar.phase("checkpoint")
             save_checkpoint(out, step, policy, ref, opt, gen, cfg, keep=cfg.keep_checkpoints)
     bar.close()
 

@@ -53,6 +53,10 @@ from rpg_ref.logprobs import LMParts, hf_lm_parts
 PROMPT_STYLES = ("answer", "boxed")
 SCORINGS = ("pm1", "binary")
 DTYPES = ("float32", "bf16-autocast", "bfloat16")
+# --math-model TINY_MODEL: Qwen3-0.6B's config from the shared data, shrunk to 2 layers of width 64
+# (rpg_ref.math_data.tiny_qwen3_config), randomly initialized: the real vocabulary, tokenizer and
+# chat template at a size a CPU runs in seconds (the math-cpu preset, tests, benchmarks' --device cpu)
+TINY_MODEL = "tiny-qwen3"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -167,6 +171,14 @@ def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    if spec == TINY_MODEL:
+        from rpg_ref.math_data import tiny_qwen3_config
+
+        d = tiny_qwen3_config()
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d),
+                                                    dtype=torch_dtype,
+                                                    attn_implementation=attn_implementation)
     path = Path(spec)
     config_file = path if path.is_file() else path / "config.json"
     if path.is_file() or (path.is_dir() and not any((path / w).exists() for w in WEIGHT_FILES)):
@@ -195,6 +207,14 @@ def check_model_source(spec: str, flag: str) -> None:
     """``spec`` is a local file or folder, a hub id in the local Hugging Face cache, or a hub id
     with the hub reachable. An unreachable hub is found in seconds (one connection attempt), not
     after a minute of download retries; HF_HUB_OFFLINE=1 skips the attempt."""
+    if spec == TINY_MODEL:
+        from rpg_ref.math_data import data_dir
+
+        shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
+        if not shared.is_file():
+            raise ValueError(f"{flag} {spec} is built from Qwen3-0.6B's config {shared}, which is "
+                             f"absent: set RPG_DATA_DIR to the folder holding models/ and tokenizer/")
+        return
     if Path(spec).exists():
         return
     if not HUB_ID.fullmatch(spec):
@@ -240,8 +260,9 @@ def _default_tokenizer_dir(model_spec: str) -> str:
 
     p = Path(model_spec)
     folder = p.parent if p.is_file() else p
-    if folder.is_dir():
-        if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
+    if folder.is_dir() or model_spec == TINY_MODEL:
+        if model_spec != TINY_MODEL and any((folder / f).exists() for f in
+                                            ("tokenizer.json", "tokenizer_config.json")):
             return str(folder)
         shared = data_dir() / "tokenizer" / "qwen3"
         if not shared.is_dir():
@@ -266,7 +287,8 @@ class MathTask:
     class Options:
         model: str = field(default="Qwen/Qwen3-4B", metadata={"help": "policy: a Hugging Face "
                            "checkpoint folder or hub id, or a config.json (file or weightless folder) "
-                           "for a randomly initialized model"})
+                           f"for a randomly initialized model, or {TINY_MODEL!r} (Qwen3-0.6B's "
+                           "shared config shrunk to 2 layers of width 64, random: for CPUs)"})
         tokenizer: str = field(default="", metadata={"help": "tokenizer folder or hub id ('' = the "
                                "model's own; the shared Qwen3 tokenizer for a bare config)"})
         dtype: str = field(default="float32", metadata={"help": f"one of {DTYPES}: fp32; fp32 master "
