@@ -236,3 +236,19 @@ def test_rpg_plot_draws_runs_and_prints_the_final_table(tmp_path, capsys):
     assert plot.main([str(tmp_path / "nope"), "--out", str(png)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_rpg_figs_on_rpg_train_runs_names_the_rpg_plot_command(tmp_path, capsys):
+    """`rpg-figs --logs runs/` (rpg-train output folders, not small_scale logs) is one line, exit
+    code 2, naming the rpg-plot command for those runs; nothing is drawn."""
+    pytest.importorskip("matplotlib")
+    from paper_figs.__main__ import main as figs_main
+
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    assert figs_main(["--logs", str(tmp_path / "runs"), "--out", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rpg-plot" in err[0], err
+    assert str(tmp_path / "runs" / "a") in err[0] and str(tmp_path / "runs" / "b") in err[0]
+    assert not (tmp_path / "figs").exists()
