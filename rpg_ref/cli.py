@@ -21,6 +21,7 @@ import re
 import shlex
 import signal
 import sys
+import textwrap
 import threading
 import typing
 from pathlib import Path
@@ -73,9 +74,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}\nrun `rpg-train --help` for every option")
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Wraps help text at spaces only: a loss name such as rpg-reinforce-urkl stays whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="rpg-train", argument_default=argparse.SUPPRESS, allow_abbrev=False,
+        formatter_class=_Formatter,
         description=f"Train with the RPG paper's losses (rpg_ref/train.py). The defaults shown are "
                     f"what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or --task "
                     f"NAME) starts from another preset's values ({', '.join(PRESETS)}). "
