@@ -53,9 +53,10 @@ from rpg_ref.logprobs import LMParts, hf_lm_parts
 PROMPT_STYLES = ("answer", "boxed")
 SCORINGS = ("pm1", "binary")
 DTYPES = ("float32", "bf16-autocast", "bfloat16")
-# --math-model TINY_MODEL: Qwen3-0.6B's config from the shared data, shrunk to 2 layers of width 64
-# (rpg_ref.math_data.tiny_qwen3_config), randomly initialized: the real vocabulary, tokenizer and
-# chat template at a size a CPU runs in seconds (the math-cpu preset, tests, benchmarks' --device cpu)
+# --math-model TINY_MODEL: Qwen3-0.6B's config from the shared data shrunk to 2 layers of width 64,
+# randomly initialized: the real vocabulary, tokenizer and chat template at a size a CPU runs in
+# seconds (the math-cpu preset). It is written as a config.json under --cache-dir, which then loads
+# like any other config.json (model_source).
 TINY_MODEL = "tiny-qwen3"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -171,14 +172,6 @@ def load_hf_model(spec: str, dtype: str = "float32", attn_implementation: str = 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    if spec == TINY_MODEL:
-        from rpg_ref.math_data import tiny_qwen3_config
-
-        d = tiny_qwen3_config()
-        with torch.device(device):
-            return AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d),
-                                                    dtype=torch_dtype,
-                                                    attn_implementation=attn_implementation)
     path = Path(spec)
     config_file = path if path.is_file() else path / "config.json"
     if path.is_file() or (path.is_dir() and not any((path / w).exists() for w in WEIGHT_FILES)):
@@ -207,14 +200,6 @@ def check_model_source(spec: str, flag: str) -> None:
     """``spec`` is a local file or folder, a hub id in the local Hugging Face cache, or a hub id
     with the hub reachable. An unreachable hub is found in seconds (one connection attempt), not
     after a minute of download retries; HF_HUB_OFFLINE=1 skips the attempt."""
-    if spec == TINY_MODEL:
-        from rpg_ref.math_data import data_dir
-
-        shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
-        if not shared.is_file():
-            raise ValueError(f"{flag} {spec} is built from Qwen3-0.6B's config {shared}, which is "
-                             f"absent: set RPG_DATA_DIR to the folder holding models/ and tokenizer/")
-        return
     if Path(spec).exists():
         return
     if not HUB_ID.fullmatch(spec):
@@ -235,6 +220,26 @@ def check_model_source(spec: str, flag: str) -> None:
     except OSError as e:
         raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
                          f"and the hub ({host}:{port}) cannot be reached ({e}): {fix}") from e
+
+
+def model_source(spec: str, cache_dir: str) -> str:
+    """--math-model as the loaders take it: TINY_MODEL becomes CACHE_DIR/tiny-qwen3/config.json
+    (rewritten when the shared config changes), anything else is returned as it is."""
+    if spec != TINY_MODEL:
+        return spec
+    from rpg_ref.checkpoint import atomic_write
+    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+
+    shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
+    if not shared.is_file():
+        raise ValueError(f"--math-model {spec} is built from Qwen3-0.6B's config {shared}, which is "
+                         f"absent: set RPG_DATA_DIR to the shared data folder (models/, tokenizer/)")
+    path = Path(cache_dir) / TINY_MODEL / "config.json"
+    text = json.dumps(tiny_qwen3_config(), indent=1)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    return str(path)
 
 
 def _load_tokenizer(path: str):
@@ -260,9 +265,8 @@ def _default_tokenizer_dir(model_spec: str) -> str:
 
     p = Path(model_spec)
     folder = p.parent if p.is_file() else p
-    if folder.is_dir() or model_spec == TINY_MODEL:
-        if model_spec != TINY_MODEL and any((folder / f).exists() for f in
-                                            ("tokenizer.json", "tokenizer_config.json")):
+    if folder.is_dir():
+        if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
             return str(folder)
         shared = data_dir() / "tokenizer" / "qwen3"
         if not shared.is_dir():
@@ -352,9 +356,10 @@ class MathTask:
             if name in self.eval_sets:
                 raise ValueError(f"--math-eval-data: two sets are named {name!r}")
             self.eval_sets[name] = ps
-        check_model_source(o.model, "--math-model")
-        self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(o.model)
-        if self.tokenizer_path != o.model:  # the model's own tokenizer was checked just above
+        self.model_spec = model_source(o.model, cfg.cache_dir)
+        check_model_source(self.model_spec, "--math-model")
+        self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(self.model_spec)
+        if self.tokenizer_path != self.model_spec:  # the model's own tokenizer was checked above
             check_model_source(self.tokenizer_path, "--math-tokenizer")
         self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, _load_tokenizer,
                                   self.tokenizer_path)
@@ -409,7 +414,7 @@ class MathTask:
     # --- Task protocol -------------------------------------------------------------------------
     def build_policy(self) -> nn.Module:
         o = self.opt
-        model = load_hf_model(o.model, o.dtype, o.attn_implementation, self.device)
+        model = load_hf_model(self.model_spec, o.dtype, o.attn_implementation, self.device)
         n_vocab = model.get_input_embeddings().weight.shape[0]
         if len(self.tokenizer) > n_vocab:
             raise ValueError(f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
