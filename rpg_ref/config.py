@@ -45,6 +45,8 @@ class Config:
     steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer loop")
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
     threads: int = _f(0, "torch CPU threads (0 = torch's default; 1 is fastest for tiny models)")
+    dist_timeout: float = _f(1800.0, "under torchrun: seconds a rank waits in a collective before the "
+                             "run stops with an error (a hung rank; a dead one stops it at once)")
     cache_dir: str = _f("runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)")
     # --- algorithm ---
     algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.losses.LOSSES")

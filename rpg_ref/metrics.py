@@ -25,6 +25,9 @@ bar, and the memory probes.
     time_rollout, time_scoring, time_logprob, time_update, time_step   seconds per phase
     peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
     eval_*                 task evaluation (every --eval-every steps and at the end)
+
+Under torchrun (rpg_ref/distributed.py) every value covers all ranks' responses; time_* are rank
+0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 """
 
 from __future__ import annotations
@@ -142,11 +145,19 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def live_parameter_count() -> int:
-    """Elements in all nn.Parameter objects alive in this process (counts every model copy)."""
+    """Elements in all nn.Parameter objects alive in this process (counts every model copy).
+    Only elements with memory count: a sharded (DTensor) parameter counts this rank's shard, and
+    meta-device or freed parameters (FSDP's resharded full-size views) count nothing."""
     gc.collect()
     seen, n = set(), 0
     for obj in gc.get_objects():
-        if issubclass(type(obj), nn.Parameter) and id(obj) not in seen:
+        kind = type(obj)  # not isinstance(): that would read attributes of every object
+        # a DTensor parameter keeps its own type and is marked _is_param
+        is_param = issubclass(kind, nn.Parameter) or (
+            issubclass(kind, torch.Tensor) and getattr(obj, "_is_param", False))
+        if is_param and id(obj) not in seen:
             seen.add(id(obj))
-            n += obj.numel()
+            t = obj.to_local() if hasattr(obj, "to_local") else obj
+            if t.device.type != "meta" and t.untyped_storage().size() > 0:
+                n += t.numel()
     return n
