@@ -62,6 +62,7 @@ def _why(reason: str) -> str:
     return reason.split(":")[0]
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: the tests that will run
 def pytest_collection_modifyitems(session, config, items):
     """Print the skip forecast once (the only process, or xdist's first worker, whose stderr is the
     terminal's): the tests/needs.py markers and any other skip marker, by reason, and the test
