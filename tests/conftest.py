@@ -59,7 +59,7 @@ def _why(reason: str) -> str:
         return "no paper .tex: set RPG_PAPER_TEX"
     if "CUDA" in reason and "CPU-only" not in reason and "without CUDA" not in reason:
         return "no GPU"
-    return reason.split(":")[0]
+    return reason.split(":")[0].split(" (")[0]
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: the tests that will run
@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(session, config, items):
             reasons[_why(reason)] += 1
     parts = [f"{n} ({reason})" for reason, n in reasons.most_common()]
     if _skipped_files:
-        why = Counter(r.split(":")[0] for _, r in _skipped_files)
+        why = Counter(_why(r) for _, r in _skipped_files)
         parts.append(f"{len(_skipped_files)} whole test file(s) ({'; '.join(why)})")
     if not parts:
         line = f"rpg-ref: none of the {len(items)} tests will skip here"
