@@ -107,8 +107,11 @@ def test_default_out_is_unique_per_configuration():
 
 def _start(argv: list, cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # SIGINT as a terminal's process has it: a suite started in the background (`pytest &`) runs
+    # with SIGINT ignored, which its children would inherit (and Python then keeps ignoring it)
     return subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
 
 
 def _wait_for_rows(p: subprocess.Popen, metrics: Path, n: int, limit_s: float = 600) -> None:
