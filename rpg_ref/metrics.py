@@ -18,6 +18,11 @@ bar, and the memory probes.
     updates                optimizer steps taken this step (<= K); early_stop 1 if kappa stopped it
     lr                     learning rate used this step
     logprob_diff_max       max |sampler log-prob - recomputed log-prob| (engines that report them)
+    rc_weight_mean         --rollout-correction tis|mis: mean weight min(r, C) or r 1{r <= C} over
+                           units (tokens or responses), r = pi_old / pi_sampler (rpg_ref.rollout_correction)
+    rc_capped_frac         fraction of units with r > C (truncated to C by tis, weight 0 by mis)
+    rc_log_ratio_max       max |log r| over units (0 when the sampler is exactly pi_old)
+    rc_ess                 effective sample size fraction of the weights, (sum w)^2 / (n sum w^2)
     dyn_rounds, dyn_kept   DAPO dynamic sampling: generation rounds, groups with non-constant rewards
     dyn_filled             1 if the batch was filled with informative groups, 0 if the cap was hit
     gen_tokens_per_s       generated tokens / rollout seconds

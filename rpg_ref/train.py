@@ -6,7 +6,8 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
       1. sample G responses to each of B prompts with pi_old (= the current policy)   rollout
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
-         (--ref init: also log pi_ref(x) of the frozen initial policy)
+         (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
+         weights pi_old(x) / pi_sampler(x) from the engine's log-probs, rpg_ref.rollout_correction)
       4. A = advantage(R)  (group mean by default; rpg_ref.advantages)                 train, "4."
       5. for k = 1 .. K, over shuffled mini-batches:                                  update
            L = loss(log pi_theta, log pi_old, A; beta, pi_ref, clip)  (rpg_ref.losses)
@@ -43,13 +44,14 @@ from torch import Tensor, nn
 from rpg_ref import distributed as D
 from rpg_ref.advantages import compute_advantages
 from rpg_ref.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
-from rpg_ref.config import Config, loss_beta, resolved_adv, resolved_clip
+from rpg_ref.config import Config, loss_options, resolved_adv
 from rpg_ref.interfaces import Batch, collate
 from rpg_ref.kl import k3
 from rpg_ref.logprobs import micro_batches, token_logprobs
-from rpg_ref.losses import LOSSES
+from rpg_ref.losses import LOSSES, LossOptions
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.rollout_correction import weights_for_batch
 from rpg_ref.strict_json import dumps, loads
 
 # =============================================================================================
@@ -138,7 +140,8 @@ def batch_logprobs(model: nn.Module, b: Batch, cfg: Config, entropy: bool) -> tu
 STAT_KEYS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_old")
 
 
-def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config) -> dict:
+def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
+           loss_opts: LossOptions) -> dict:
     """The inner loop: K optimizer steps on mini-batches of M responses, reshuffled every pass,
     each accumulated over micro-batches (at most --micro-batch-size responses and
     --micro-batch-tokens tokens: rpg_ref.logprobs.micro_batches). Stops before a step when the
@@ -147,7 +150,6 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config)
     m = M // D.world()  # this rank's rows of each mini-batch of M
     mu, per_pass = cfg.micro_batch_size or m, N // m
     K = cfg.updates_per_step or per_pass
-    loss_kw = dict(beta=loss_beta(cfg), clip=resolved_clip(cfg), level=cfg.level, agg=cfg.agg)
     params = [p for p in policy.parameters() if p.requires_grad]
     window = deque(maxlen=per_pass)
     acc = {k: [] for k in (*STAT_KEYS, "loss", "grad_norm")}
@@ -162,7 +164,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config)
             # padding cut per micro-batch; every rank runs as many (FSDP's collectives are per pass)
             for ub, live in D.even_micro_batches(micro_batches(mb, mu, cfg.micro_batch_tokens)):
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)  # [mu, T']
-                loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp, **loss_kw)
+                loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
+                                      sample_weight=ub.rollout_weight, options=loss_opts)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
                 # (tokens for token-mean, sequences for the seq-mean aggregations), over all ranks
                 w = float(ub.mask.sum()) / mb_tokens if cfg.agg == "token-mean" else len(ub) / M
@@ -223,6 +226,7 @@ class Run(NamedTuple):
     engine: Any  # rpg_ref.interfaces.Engine
     opt: torch.optim.Optimizer
     gen: torch.Generator  # the prompt stream
+    loss: LossOptions  # the loss's options, resolved once (rpg_ref.config.loss_options)
 
 
 def prepare(cfg: Config) -> Run:
@@ -252,7 +256,8 @@ def prepare(cfg: Config) -> Run:
                             betas=tuple(cfg.adam_betas), fused=fused)
     seed_everything(cfg.seed + 1 + D.seed_offset())  # the same stream, cached artifacts or not
     D.barrier()  # every rank has checked its inputs before rank 0 writes
-    return Run(device, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2))
+    return Run(device, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
+               loss_options(cfg))
 
 
 def finished(cfg: Config) -> bool:
@@ -266,7 +271,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     out = Path(cfg.out)
     if finished(cfg):  # leave every file as it is
         return loads((out / "summary.json").read_text())
-    device, task, policy, ref, engine, opt, gen = run or prepare(cfg)
+    device, task, policy, ref, engine, opt, gen, loss_opts = run or prepare(cfg)
     if D.is_main():  # rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         if not cfg.resume:
@@ -306,14 +311,15 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         m = batch.mask  # [N, T]
         batch.adv = D.advantages(  # torchrun: computed on the whole batch, this rank's rows kept
             compute_advantages, resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m,
-            old_logp=batch.old_logp, beta=cfg.beta,
+            old_logp=batch.old_logp, beta=loss_opts.reward_beta,
             ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
+        rc_stats = weights_for_batch(batch, cfg)  # --rollout-correction: pi_old / pi_sampler weights
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
         bar.phase("update")
         t0 = time.perf_counter()
-        stats = update(policy, opt, batch, cfg)
+        stats = update(policy, opt, batch, cfg, loss_opts)
         t_upd = time.perf_counter() - t0
         with D.gathered(policy):
             engine.sync_weights(policy)
@@ -329,6 +335,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         if batch.sampler_logp is not None:
             diff = float(((batch.sampler_logp - batch.old_logp).abs() * m).max())
             row["logprob_diff_max"] = D.reduce_max({"d": diff})["d"]
+        row.update(rc_stats)
         row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
         row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
                    train_tokens_per_s=stats["train_tokens"] / max(t_upd, 1e-9),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from rpg_ref import distributed as D
 from rpg_ref import train
-from rpg_ref.config import Config
+from rpg_ref.config import Config, loss_options
 from rpg_ref.interfaces import Batch, collate
 
 # (name, Config fields): token-mean and seq-mean losses, with micro-batches by count and by token
@@ -28,6 +28,12 @@ CASES = [
     ("token-mean micro-batches by tokens, ref", dict(algo="grpo", agg="token-mean",
                                                      micro_batch_tokens=40, ref="init")),
     ("seq-mean micro-batches of 2", dict(algo="rpg-fkl", agg="seq-mean-token-mean", micro_batch_size=2)),
+    # --rollout-correction: each rank weights its own rows; the statistics are over both ranks
+    ("rollout correction tis, token", dict(algo="rpg-reinforce-urkl", agg="token-mean",
+                                           rollout_correction="tis", rollout_correction_cap=1.2)),
+    ("rollout correction mis, sequence", dict(algo="rpg-rkl", agg="seq-mean-token-mean",
+                                              rollout_correction="mis", rollout_correction_level="sequence",
+                                              rollout_correction_cap=1.1)),
 ]
 N = 8  # responses in the union batch: 4 per rank
 
@@ -66,13 +72,21 @@ def make_opt(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
 
 
+def rollout_weights(b, cfg) -> dict:
+    """rpg_ref.rollout_correction.weights_for_batch on b (sets b.rollout_weight): its statistics."""
+    from rpg_ref.rollout_correction import weights_for_batch
+
+    return weights_for_batch(b, cfg)
+
+
 def one_process_update(model, b, cfg):
-    """rpg_ref.train.update in one process: rpg_ref.distributed's collectives switched off."""
+    """rpg_ref.train.update in one process (after the rollout-correction weights of b, if any):
+    rpg_ref.distributed's collectives switched off."""
     active, world = D.active, D.world
     D.active, D.world = (lambda: False), (lambda: 1)
     try:
         opt = make_opt(model)
-        return train.update(model, opt, b, cfg)
+        return {**rollout_weights(b, cfg), **train.update(model, opt, b, cfg, loss_options(cfg))}
     finally:
         D.active, D.world = active, world
 
@@ -120,13 +134,18 @@ def main(out_path: str) -> None:
         b = union_batch(base)
         if cfg.ref != "init":
             b.ref_logp = None
+        if cfg.rollout_correction != "none":  # a sampler mu != pi_old
+            g = torch.Generator().manual_seed(4)
+            b.sampler_logp = (b.old_logp + 0.2 * torch.randn(b.mask.shape, generator=g, dtype=torch.float64)) * b.mask
+        lo, hi = D.share(N)
+        share = b.index(slice(lo, hi))
         single = copy.deepcopy(base)
         torch.manual_seed(2)
         s_stats = one_process_update(single, b, cfg)
         sharded = D.shard(copy.deepcopy(base))
-        lo, hi = D.share(N)
         torch.manual_seed(2)
-        d_stats = train.update(sharded, make_opt(sharded), b.index(slice(lo, hi)), cfg)
+        d_stats = {**rollout_weights(share, cfg),
+                   **train.update(sharded, make_opt(sharded), share, cfg, loss_options(cfg))}
         want, got = {n: p.detach() for n, p in single.named_parameters()}, full_params(sharded)
         results["cases"][name] = {
             "param_max_abs_diff": max(float((got[n] - want[n]).abs().max()) for n in want),
@@ -135,6 +154,7 @@ def main(out_path: str) -> None:
             "stats_max_abs_diff": max(abs(d_stats[k] - s_stats[k]) for k in s_stats
                                       if k not in ("train_tokens", "updates", "early_stop")),
             "grad_clipped": s_stats["grad_norm"] > cfg.grad_clip,
+            "rc_stats": {k: (s_stats[k], d_stats[k]) for k in s_stats if k.startswith("rc_")},
         }
     results["advantages"] = advantages_check()
     # bytes per rank: parameters (local shards) and AdamW's exp_avg, exp_avg_sq (local shards)

@@ -64,7 +64,8 @@ def worker(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("case", ["token-mean", "seq-mean-token-mean",
                                   "token-mean micro-batches by tokens, ref",
-                                  "seq-mean micro-batches of 2"])
+                                  "seq-mean micro-batches of 2", "rollout correction tis, token",
+                                  "rollout correction mis, sequence"])
 def test_one_update_on_2_ranks_equals_one_process_on_union_batch(worker, case):
     """One optimizer step (rpg_ref.train.update: micro-batch weights, global-norm clipping, fused
     AdamW) of a float64 tiny Qwen3 on 2 FSDP2 ranks, each with half of a fixed batch, gives the
@@ -82,6 +83,17 @@ def test_token_mean_statistics_equal_one_process(worker):
     ratio_mean, clip fractions) is the one-process value on the union batch (1e-12)."""
     for case in ("token-mean", "token-mean micro-batches by tokens, ref"):
         assert worker["cases"][case]["stats_max_abs_diff"] <= 1e-12, worker["cases"][case]
+
+
+def test_rollout_correction_statistics_equal_one_process(worker):
+    """--rollout-correction on 2 ranks: each rank weights its own rows (the update above equals the
+    one-process update on the union batch), and the logged rc_* statistics are those of the union
+    batch (1e-12): some weight was capped (tis, token level) or masked (mis, sequence level)."""
+    for case in ("rollout correction tis, token", "rollout correction mis, sequence"):
+        rc = worker["cases"][case]["rc_stats"]
+        assert set(rc) == {"rc_weight_mean", "rc_capped_frac", "rc_log_ratio_max", "rc_ess"}, rc
+        assert all(abs(one - two) <= 1e-12 for one, two in rc.values()), (case, rc)
+        assert 0 < rc["rc_capped_frac"][0] < 1 and rc["rc_ess"][0] < 1, (case, rc)
 
 
 def test_advantages_on_2_ranks_equal_the_whole_batch(worker):

@@ -286,6 +286,10 @@ class VLLMEngine:
         in_process: bool = field(default=True, metadata={"help": "run vLLM's engine core in this process "
                                  "(VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights pass by reference"})
 
+    @classmethod
+    def sampler_logprobs_missing(cls, cfg) -> str | None:
+        return None  # SamplingParams(logprobs=0): the sampled token's log-prob, always
+
     def __init__(self, policy, task, cfg, model_path: str | None = None):
         opt = self.Options(**getattr(cfg, "engine_options", {}))
         path = model_path or getattr(getattr(policy, "config", None), "_name_or_path", "")
