@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rpg_ref import strict_json
+
 from ._common import REPO_ROOT, plt, save
 
 DEFAULT_LOGS = REPO_ROOT / "small_scale" / "logs"
@@ -57,7 +59,7 @@ def read_jsonl(path: Path) -> list[dict]:
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(strict_json.loads(line))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i + 1}: not a JSON object ({e})") from e
     if not rows:

@@ -9,7 +9,6 @@ checkpoint of a run, e.g. one that was stopped early.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,13 +24,14 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
     from safetensors.torch import load_model
 
     from rpg_ref.config import Config
+    from rpg_ref.strict_json import loads
 
     out = Path(out)
     latest = out / "checkpoints" / "LATEST"
     if not (out / "config.json").is_file() or not latest.is_file():
         raise ValueError(f"{out}: not a run folder with a checkpoint (need config.json and "
                          f"checkpoints/LATEST)")
-    cfg = Config(**json.loads((out / "config.json").read_text()))
+    cfg = Config(**loads((out / "config.json").read_text()))
     if cfg.task != "math":
         raise ValueError(f"{out}: a {cfg.task!r} run, not a math run")
     task = MathTask(cfg, torch.device("cpu"))

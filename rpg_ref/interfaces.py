@@ -109,6 +109,19 @@ def collate(prompts: list, responses: list, pad_id: int, device, sampler_lp: lis
                 sampler_logp=None if slp is None else slp.to(device))
 
 
+def task_progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar for a task's own long phase (e.g. the seq task's warm start), or None (no tqdm,
+    or progress disabled: then one line says what is running)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(f"{desc}: {total} steps ...", flush=True)
+        return None
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False)
+
+
 class Task(Protocol):
     """Where prompts, rewards and evaluation come from.
 

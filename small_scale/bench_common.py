@@ -18,24 +18,12 @@ SHARED_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b")
 DEVICES = ("cuda", "cpu")
 
 
-def tiny_qwen3_config() -> dict:
-    """Qwen3-0.6B's shared config shrunk to 2 layers of width 64 (about 10M parameters, 9.7M of
-    them the embedding): the real vocabulary, so the real tokenizer and chat template work. The
-    model that checks a pipeline on a CPU in seconds (the GPU benchmarks' --device cpu, and the
-    tests of the math task and of rpg-eval)."""
-    from rpg_ref.math.data import data_dir
-
-    d = json.loads((data_dir() / "models" / "qwen3-0.6b" / "config.json").read_text())
-    d.update(num_hidden_layers=2, max_window_layers=2, hidden_size=64, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32, intermediate_size=128)
-    return d
-
-
 def model_config(name: str, folder: Path) -> Path:
     """config.json of a benchmark model: one of shared/data/models (SHARED_MODELS), or TINY
-    (tiny_qwen3_config) written into ``folder``: the model a CPU runs the GPU benchmarks' whole
+    (rpg_ref.math.tiny_model) written into ``folder``: the model a CPU runs the GPU benchmarks' whole
     pipeline with in seconds."""
     from rpg_ref.math.data import data_dir
+    from rpg_ref.math.tiny_model import tiny_qwen3_config
 
     if name in SHARED_MODELS:
         return data_dir() / "models" / name / "config.json"

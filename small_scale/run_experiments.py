@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from paper_figs.training import read_experiment_log
+from rpg_ref import strict_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -91,7 +92,7 @@ def _round(v):
 
 
 def trim_metrics(src: Path, keys: list, every: int) -> list[dict]:
-    rows = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    rows = [strict_json.loads(x) for x in src.read_text().splitlines() if x.strip()]
     last = rows[-1]["step"]
     return [{k: _round(r[k]) for k in keys if k in r} for r in rows
             if r["step"] % every == 0 or r["step"] == last or any(k.startswith("eval_") for k in r)]
@@ -118,7 +119,7 @@ def write_log(path: Path, log: dict) -> None:
             recs.append({"run": run, "seed": seed, "summary": r["summary"]})
             recs += [{"run": run, "seed": seed, "metrics": m} for m in r["metrics"]]
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in recs))
+    tmp.write_text("".join(strict_json.dumps(x, separators=(",", ":")) + "\n" for x in recs))
     os.replace(tmp, path)
 
 
@@ -146,10 +147,11 @@ def run_one(job: tuple) -> tuple:
     train(cfg)
     wall = time.perf_counter() - t0
     out = Path(cfg.out)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = strict_json.loads((out / "summary.json").read_text())
     summary["runner_wall_time_s"] = wall
     summary["config"] = portable(summary["config"])
-    logs = {"config": portable(json.loads((out / "config.json").read_text())), "summary": summary,
+    logs = {"config": portable(strict_json.loads((out / "config.json").read_text())),
+            "summary": summary,
             "metrics": trim_metrics(out / "metrics.jsonl", keys, every)}
     return exp, run, seed, wall, logs
 

@@ -271,10 +271,10 @@ def test_math_task_on_2_ranks_trains_and_exports(tmp_path):
     checkpointing, the hf engine's bf16 copy, the real Qwen3 tokenizer, AMC23 problems) runs 2
     steps on 2 ranks with a 2-layer Qwen3; rank 0 writes the run, and its Hugging Face export
     holds the checkpoint's full policy (every tensor equal)."""
-    from bench_common import tiny_qwen3_config  # small_scale/ (on the path: tests/conftest.py)
     from safetensors.torch import load_file
 
     from rpg_ref.math.data import data_dir
+    from rpg_ref.math.tiny_model import tiny_qwen3_config
 
     if not (data_dir() / "tokenizer" / "qwen3").exists():
         pytest.skip("shared data absent: set RPG_DATA_DIR")

@@ -35,6 +35,8 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,9 +45,29 @@ from torch import nn
 
 from rpg_ref.interfaces import Prompt
 from rpg_ref.math.data import data_dir, load_problems
+from rpg_ref.math.tiny_model import TINY_MODEL, tiny_qwen3_config
 from rpg_ref.models.hub import check_model_source
 from rpg_ref.models.load import export_model, load_hf_model, load_tokenizer, resolve_tokenizer
 from rpg_ref.models.policy import DTYPES, HFPolicy
+
+
+def model_source(spec: str, cache_dir: str) -> str:
+    """--math-model as the loaders take it: TINY_MODEL becomes CACHE_DIR/tiny-qwen3/config.json
+    (rewritten when the shared config changes), anything else is returned as it is."""
+    if spec != TINY_MODEL:
+        return spec
+    shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
+    if not shared.is_file():
+        raise ValueError(f"--math-model {spec} is built from Qwen3-0.6B's config {shared}, which is "
+                         f"absent: set RPG_DATA_DIR to the shared data folder (models/, tokenizer/)")
+    path = Path(cache_dir) / TINY_MODEL / "config.json"
+    text = json.dumps(tiny_qwen3_config(), indent=1)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # a concurrent reader sees the old file or the new one, whole
+    return str(path)
 
 
 def _flagged(flag: str, value, fn, *args, **kwargs):
@@ -71,7 +93,8 @@ class MathTask:
     class Options:
         model: str = field(default="Qwen/Qwen3-4B", metadata={"help": "policy: a Hugging Face "
                            "checkpoint folder or hub id, or a config.json (file or weightless folder) "
-                           "for a randomly initialized model"})
+                           f"for a randomly initialized model, or {TINY_MODEL!r} (Qwen3-0.6B's "
+                           "shared config shrunk to 2 layers of width 64, random: for CPUs)"})
         tokenizer: str = field(default="", metadata={"help": "tokenizer folder or hub id ('' = the "
                                "model's own; the shared Qwen3 tokenizer for a bare config)"})
         dtype: str = field(default="float32", metadata={"help": f"one of {DTYPES}: fp32; fp32 master "
@@ -136,11 +159,12 @@ class MathTask:
             if name in self.eval_sets:
                 raise ValueError(f"--math-eval-data: two sets are named {name!r}")
             self.eval_sets[name] = ps
-        check_model_source(o.model, "--math-model")
+        self.model_spec = model_source(o.model, cfg.cache_dir)
+        check_model_source(self.model_spec, "--math-model")
         shared = data_dir() / "tokenizer" / "qwen3"  # for a bare config.json
         self.tokenizer_path = o.tokenizer or _flagged("--math-model", o.model, resolve_tokenizer,
-                                                      o.model, shared)
-        if self.tokenizer_path != o.model:  # the model's own tokenizer was checked just above
+                                                      self.model_spec, shared)
+        if self.tokenizer_path != self.model_spec:  # the model's own tokenizer was checked above
             check_model_source(self.tokenizer_path, "--math-tokenizer")
         self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, load_tokenizer,
                                   self.tokenizer_path)
@@ -178,15 +202,16 @@ class MathTask:
         if o.dtype not in DTYPES:
             bad(f"--math-dtype must be one of {DTYPES}, got {o.dtype!r}")
         if o.train_limit < 0 or o.eval_limit < 0 or o.max_prompt_tokens < 0 or o.eval_n < 0:
-            bad("train_limit, eval_limit, max_prompt_tokens and eval_n must be >= 0")
+            bad("--math-train-limit, --math-eval-limit, --math-max-prompt-tokens and --math-eval-n "
+                "must be >= 0")
         if o.eval_n:
             if not o.eval_data:
                 bad("--math-eval-data is empty (use --math-eval-n 0 for no evaluation)")
             wrong = [k for k in o.eval_k if not 1 <= k <= o.eval_n]
             if wrong or not o.eval_k:
-                bad(f"--math-eval-k values must be in [1, eval_n={o.eval_n}], got {o.eval_k}")
+                bad(f"--math-eval-k values must be in [1, --math-eval-n {o.eval_n}], got {o.eval_k}")
             if o.eval_temperature < 0 or not 0 < o.eval_top_p <= 1:
-                bad(f"need eval_temperature >= 0 and 0 < eval_top_p <= 1, got "
+                bad(f"need --math-eval-temperature >= 0 and 0 < --math-eval-top-p <= 1, got "
                     f"{o.eval_temperature}, {o.eval_top_p}")
             if o.eval_temperature == 0 and o.eval_n > 1:
                 bad("--math-eval-temperature 0 (greedy) gives identical samples: use --math-eval-n 1")
@@ -196,7 +221,7 @@ class MathTask:
     # --- Task protocol -------------------------------------------------------------------------
     def build_policy(self) -> nn.Module:
         o = self.opt
-        model = _flagged("--math-model", o.model, load_hf_model, o.model, o.dtype,
+        model = _flagged("--math-model", o.model, load_hf_model, self.model_spec, o.dtype,
                          o.attn_implementation, self.device)
         n_vocab = model.get_input_embeddings().weight.shape[0]
         if len(self.tokenizer) > n_vocab:
