@@ -37,16 +37,20 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
     task = MathTask(cfg, torch.device("cpu"))
     try:
         policy = task.build_policy()
-        load_model(policy, str(out / "checkpoints" / latest.read_text().strip() / "model.safetensors"))
+        load_model(
+            policy, str(out / "checkpoints" / latest.read_text().strip() / "model.safetensors")
+        )
         return export_model(policy, task.tokenizer, Path(dest) if dest else out / "hf")
     finally:
         task.close()
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rpg_ref.export",
-                                 description="Export a math run's latest checkpoint (OUT/checkpoints/"
-                                 "LATEST) as a Hugging Face checkpoint.")
+    ap = argparse.ArgumentParser(
+        prog="python -m rpg_ref.export",
+        description="Export a math run's latest checkpoint (OUT/checkpoints/"
+        "LATEST) as a Hugging Face checkpoint.",
+    )
     ap.add_argument("out", help="the run folder (rpg-train --out)")
     ap.add_argument("dest", nargs="?", default=None, help="destination folder (default OUT/hf)")
     args = ap.parse_args(argv)

@@ -1,8 +1,8 @@
 """What a plug-in imports: the data that flows through the trainer and the two protocols.
 
     Prompt      one prompt: token ids + whatever the task's verifier needs
-    Generation  what an engine returns: responses (token ids) and, optionally, the sampler's log-probs
-    Batch       a scored rollout batch as padded tensors (built by ``collate``)
+    Generation  what an engine returns: responses (token ids) and, optionally, the sampler's
+    log-probs Batch       a scored rollout batch as padded tensors (built by ``collate``)
     Task        where prompts, rewards and evaluation come from     (rpg_ref/tasks/)
     Engine      who samples responses                               (rpg_ref/engines/)
 
@@ -30,7 +30,8 @@ class Prompt:
 @dataclass
 class Generation:
     responses: list  # N lists of token ids (EOS included when emitted)
-    logprobs: list | None = None  # the sampler's own log-probs of those tokens, when it reports them
+    # the sampler's own log-probs of those tokens, when it reports them
+    logprobs: list | None = None
 
 
 @dataclass
@@ -47,7 +48,8 @@ class Batch:
     old_logp: Tensor | None = None  # [N, T] log pi_old: the only copy of pi_old
     ref_logp: Tensor | None = None  # [N, T] log pi_ref (--ref init only)
     adv: Tensor | None = None  # [N] or [N, T]
-    rollout_weight: Tensor | None = None  # [N, T] or [N] pi_old / pi_sampler (rpg_ref.rollout_correction)
+    # [N, T] or [N] pi_old / pi_sampler (rpg_ref.rollout_correction)
+    rollout_weight: Tensor | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -58,8 +60,12 @@ class Batch:
 
     def index(self, idx) -> Batch:
         """Rows ``idx`` (an index tensor or a slice) of every tensor field."""
-        return Batch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx])
-                        for f in dataclasses.fields(self)})
+        return Batch(
+            **{
+                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx])
+                for f in dataclasses.fields(self)
+            }
+        )
 
     def trimmed(self) -> Batch:
         """The same rows without the columns that are padding in every row: prompt columns left of
@@ -136,7 +142,8 @@ class Task(Protocol):
 
     def __init__(self, cfg, device: torch.device): ...
     def build_policy(self) -> nn.Module:
-        """The trainable policy: module(input_ids, attention_mask, position_ids, logits_to_keep).logits.
+        """The trainable policy: module(input_ids, attention_mask, position_ids,
+        logits_to_keep).logits.
 
         Optional, for speed: a plain Hugging Face causal LM, or a wrapper with ``lm_parts()``
         (rpg_ref.logprobs), gets its log-probs with the LM head applied in chunks; a wrapper that

@@ -20,7 +20,9 @@ from torch import Tensor
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
     """penalty * R_length of each response length [N] -> [N] float32; buffer 0 = no shaping."""
     if not (isinstance(max_len, int) and isinstance(buffer, int) and 0 <= buffer <= max_len):
-        raise ValueError(f"need integers 0 <= buffer <= max_len, got buffer={buffer}, max_len={max_len}")
+        raise ValueError(
+            f"need integers 0 <= buffer <= max_len, got buffer={buffer}, max_len={max_len}"
+        )
     if lengths.numel() and int(lengths.min()) < 0:
         raise ValueError(f"response lengths must be >= 0, got {lengths.tolist()}")
     if buffer == 0:

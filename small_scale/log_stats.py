@@ -28,7 +28,17 @@ def main() -> None:
         print(f"== {exp}")
         runs = load_experiment(exp, root)["runs"]
         for run in sorted(runs):
-            cols = {k: [] for k in ("ent_first5", "ent_last5", "kl_old", "clip_low", "clip_high", "len_last10")}
+            cols = {
+                k: []
+                for k in (
+                    "ent_first5",
+                    "ent_last5",
+                    "kl_old",
+                    "clip_low",
+                    "clip_high",
+                    "len_last10",
+                )
+            }
             ev_steps = []
             for rec in runs[run]:
                 m = rec["metrics"]
@@ -40,8 +50,13 @@ def main() -> None:
                 cols["len_last10"].append(st.mean(r["response_len"] for r in m[-10:]))
                 ev = [r["eval_greedy_accuracy"] for r in m if "eval_greedy_accuracy" in r]
                 ev_steps += [abs(b - a) for a, b in itertools.pairwise(ev)]
-            per_seed = " | ".join(f"{k} " + "/".join(f"{v:.3f}" for v in vs) for k, vs in cols.items())
-            print(f"{run:20s} {per_seed} | eval change mean {st.mean(ev_steps):.3f} max {max(ev_steps):.3f}")
+            per_seed = " | ".join(
+                f"{k} " + "/".join(f"{v:.3f}" for v in vs) for k, vs in cols.items()
+            )
+            print(
+                f"{run:20s} {per_seed} | eval change mean {st.mean(ev_steps):.3f} max "
+                f"{max(ev_steps):.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -72,8 +72,14 @@ def load_spec(exp: str) -> dict:
             raise ValueError(f"{path}: group {g!r} names unknown runs {bad}")
     for name, run in spec["runs"].items():
         if set(run) - {"label", "args"}:
-            raise ValueError(f"{path}: run {name!r} has unknown keys {sorted(set(run) - {'label', 'args'})}")
-        reserved = {"seed", "out", "resume"} & set(run.get("args", {})) | {"seed", "out", "resume"} & set(spec["common"])
+            raise ValueError(
+                f"{path}: run {name!r} has unknown keys {sorted(set(run) - {'label', 'args'})}"
+            )
+        reserved = {"seed", "out", "resume"} & set(run.get("args", {})) | {
+            "seed",
+            "out",
+            "resume",
+        } & set(spec["common"])
         if reserved:
             raise ValueError(f"{path}: run {name!r}: {sorted(reserved)} are set by the runner")
     return spec
@@ -112,7 +118,9 @@ def write_log(path: Path, log: dict) -> None:
     recs = [{"experiment": log["experiment"]}]
     if log["invocation"]:
         recs.append({"invocation": log["invocation"]})
-    order = list(log["experiment"]["runs"]) + sorted(set(log["runs"]) - set(log["experiment"]["runs"]))
+    order = list(log["experiment"]["runs"]) + sorted(
+        set(log["runs"]) - set(log["experiment"]["runs"])
+    )
     for run in order:
         for seed, r in sorted(log["runs"].get(run, {}).items()):
             recs.append({"run": run, "seed": seed, "config": r["config"]})
@@ -157,16 +165,23 @@ def run_one(job: tuple) -> tuple:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--exp", required=True, choices=EXPERIMENTS + ("all",))
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the config's)")
     ap.add_argument("--workers", type=int, default=1, help="parallel training processes")
     ap.add_argument("--only", nargs="+", metavar="RUN", help="only these runs of the config")
-    ap.add_argument("--force", action="store_true", help="rerun (run, seed) pairs that already have logs")
+    ap.add_argument(
+        "--force", action="store_true", help="rerun (run, seed) pairs that already have logs"
+    )
     ap.add_argument("--logs", default=str(HERE / "logs"), help="where the commit-size logs go "
                     "(one <exp>.jsonl per experiment)")
-    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "small_scale"), help="full trainer outputs")
+    ap.add_argument(
+        "--runs-dir", default=str(ROOT / "runs" / "small_scale"), help="full trainer outputs"
+    )
     a = ap.parse_args(argv)
     if a.seeds is not None and a.seeds < 1:
         ap.error(f"--seeds must be >= 1, got {a.seeds}")
@@ -188,9 +203,11 @@ def main(argv=None) -> int:
                 av = argv_for(spec, run, seed, Path(a.runs_dir) / exp)
                 probe = argv_for(spec, run, seed, Path(a.runs_dir) / ".validate-only" / exp)
                 try:
-                    parse_config(probe)                  # same flags, an --out that does not exist
+                    parse_config(probe)  # same flags, an --out that does not exist
                 except (ValueError, SystemExit) as e:
-                    raise SystemExit(f"{exp}/{run} seed {seed}: bad trainer flags {av}: {e}") from None
+                    raise SystemExit(
+                        f"{exp}/{run} seed {seed}: bad trainer flags {av}: {e}"
+                    ) from None
                 pairs += 1
                 done = (logs[exp]["runs"].get(run, {}).get(seed) or {}).get("summary") is not None
                 if a.force or not done:
@@ -214,14 +231,24 @@ def main(argv=None) -> int:
         logs[exp]["runs"].setdefault(run, {})[seed] = run_logs
         write_log(Path(a.logs) / f"{exp}.jsonl", logs[exp])
         walls.append(wall)
-        print(f"[{i}/{len(jobs)}] {run} seed {seed}: {wall:.1f}s (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
+        print(
+            f"[{i}/{len(jobs)}] {run} seed {seed}: {wall:.1f}s (elapsed "
+            f"{time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
     total = time.perf_counter() - t0
 
-    info = {"command": "python small_scale/run_experiments.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "wall_time_s": round(total, 1), "runs_trained": len(jobs), "sum_run_wall_time_s": round(sum(walls), 1),
-            "workers": a.workers, "machine": f"{platform.machine()} {platform.processor() or ''} "
-                                              f"{os.cpu_count()} CPU cores, {platform.system()}",
-            "python": platform.python_version()}
+    info = {
+        "command": "python small_scale/run_experiments.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "wall_time_s": round(total, 1),
+        "runs_trained": len(jobs),
+        "sum_run_wall_time_s": round(sum(walls), 1),
+        "workers": a.workers,
+        "machine": f"{platform.machine()} {platform.processor() or ''} "
+        f"{os.cpu_count()} CPU cores, {platform.system()}",
+        "python": platform.python_version(),
+    }
     for exp in specs:
         logs[exp]["invocation"] = info
         write_log(Path(a.logs) / f"{exp}.jsonl", logs[exp])

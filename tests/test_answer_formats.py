@@ -67,4 +67,8 @@ def test_the_report_prints_per_category_rates_and_rejects_a_bad_file(scored, tmp
     bad.write_text(json.dumps({"id": "x", "response": "Answer: 1"}) + "\n")
     assert af.main([str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("answer_formats: error:") and "bad.jsonl:1" in err and len(err.splitlines()) == 1
+    assert (
+        err.startswith("answer_formats: error:")
+        and "bad.jsonl:1" in err
+        and len(err.splitlines()) == 1
+    )

@@ -22,7 +22,11 @@ def rooms() -> dict:
         if not line.startswith("|"):
             break
         name, files, _job, may = (c.strip() for c in line.strip("|").split("|"))
-        allowed = None if may == "any" else {r.strip() for r in may.split(",") if r.strip() not in ("—", "")}
+        allowed = (
+            None
+            if may == "any"
+            else {r.strip() for r in may.split(",") if r.strip() not in ("—", "")}
+        )
         out[name] = (re.findall(r"`([^`]+)`", files), allowed)
     return out
 
@@ -46,7 +50,8 @@ def imported_modules(path: Path) -> set:
         else:
             continue
         for name in names:
-            if not name.startswith("rpg_ref."):  # the package itself: imported by every import of it
+            # the package itself: imported by every import of it
+            if not name.startswith("rpg_ref."):
                 continue
             base = ROOT.joinpath(*name.split("."))
             for f in (base.with_suffix(".py"), base / "__init__.py"):

@@ -47,7 +47,9 @@ def test_cuda_graph_replays_sample_from_the_updated_weights_without_recompiling(
     compiles nothing new (error_on_recompile)."""
     from rpg_ref.models.policy import HFPolicy
 
-    policy = HFPolicy(tiny_qwen3(sharpen=4.0, dtype=torch.float32), "bf16-autocast").to(DEVICE).eval()
+    policy = (
+        HFPolicy(tiny_qwen3(sharpen=4.0, dtype=torch.float32), "bf16-autocast").to(DEVICE).eval()
+    )
     e = engine(policy, eos=None, compile="on")
     assert e.copy is not None
     for _ in range(2):  # warm-up and recording

@@ -90,7 +90,9 @@ def test_evaluate_sets_scores_decoded_responses():
                                         "answer", False, ck)
     assert calls == [(2, 4)]
     r = res["aime24"]
-    assert r["mean@4"] == pytest.approx(3 / 8, abs=1e-15) and r["pass@1"] == pytest.approx(3 / 8, abs=1e-15)
+    assert r["mean@4"] == pytest.approx(3 / 8, abs=1e-15) and r["pass@1"] == pytest.approx(
+        3 / 8, abs=1e-15
+    )
     assert r["pass@4"] == pytest.approx(0.5, abs=1e-15)
     assert [d["correct"] for d in details["aime24"]] == [3, 0]
 
@@ -122,9 +124,32 @@ def test_rpg_eval_runs_on_a_tiny_random_qwen3(tmp_path, capsys):
     _need(data_dir() / "eval" / "aime24.jsonl")
     model_dir = _tiny_qwen3(tmp_path)
     out = tmp_path / "eval.json"
-    rc = ev.main(["--model", str(model_dir), "--data", "aime24", "aime25", "--limit", "2", "--n", "2",
-                  "--k", "1", "2", "--max-new-tokens", "6", "--batch-size", "4", "--device", "cpu",
-                  "--backend", "normalizer", "--out", str(out)])
+    rc = ev.main(
+        [
+            "--model",
+            str(model_dir),
+            "--data",
+            "aime24",
+            "aime25",
+            "--limit",
+            "2",
+            "--n",
+            "2",
+            "--k",
+            "1",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--backend",
+            "normalizer",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "aime24" in printed and "aime25" in printed and "pass@2" in printed

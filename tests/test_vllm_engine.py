@@ -26,9 +26,16 @@ def test_version_range():
 # --------------------------------------------------------------------------- weight names
 def _tiny_qwen3():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                                   tie_word_embeddings=True)
+    cfg = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(cfg)
 
@@ -39,13 +46,19 @@ def test_weight_names_are_hf_names_without_wrappers_and_tied_head():
     model = _tiny_qwen3()
     hf = dict(model.named_parameters())
     assert "lm_head.weight" not in hf  # tied: named_parameters already dedups it ...
-    with_head = list(hf.items()) + [("lm_head.weight", model.lm_head.weight)]  # ... some wrappers do not
+    # ... some wrappers do not
+    with_head = list(hf.items()) + [("lm_head.weight", model.lm_head.weight)]
     out = dict(ve.hf_to_vllm_weights(with_head, tie_word_embeddings=True, dtype=torch.bfloat16))
     assert set(out) == set(hf)
-    assert "model.layers.1.self_attn.q_proj.weight" in out and "model.layers.0.mlp.gate_proj.weight" in out
+    assert (
+        "model.layers.1.self_attn.q_proj.weight" in out
+        and "model.layers.0.mlp.gate_proj.weight" in out
+    )
     assert all(t.dtype == torch.bfloat16 and not t.requires_grad for t in out.values())
-    wrapped = [(f"module._orig_mod.{n.replace('layers.0.', 'layers.0._checkpoint_wrapped_module.')}", t)
-               for n, t in hf.items()]
+    wrapped = [
+        (f"module._orig_mod.{n.replace('layers.0.', 'layers.0._checkpoint_wrapped_module.')}", t)
+        for n, t in hf.items()
+    ]
     assert set(dict(ve.hf_to_vllm_weights(wrapped, True))) == set(hf)
     untied = dict(ve.hf_to_vllm_weights(with_head, tie_word_embeddings=False))
     assert "lm_head.weight" in untied
@@ -75,16 +88,28 @@ def _lp(x):
 
 
 def _completion(index, ids, lps, extra=None):
-    entries = [{t: _lp(lp)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, lp in zip(ids, lps)]
+    entries = [
+        {t: _lp(lp)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, lp in zip(ids, lps)
+    ]
     return NS(index=index, token_ids=ids, logprobs=entries)
 
 
 def test_sampled_logprobs_and_grouping_from_fake_outputs():
     eos = 2
-    ro0 = NS(outputs=[_completion(1, [5, 6], [-0.5, -0.25], extra=9), _completion(0, [7, eos, 8], [-1.0, -2.0, -3.0])])
+    ro0 = NS(
+        outputs=[
+            _completion(1, [5, 6], [-0.5, -0.25], extra=9),
+            _completion(0, [7, eos, 8], [-1.0, -2.0, -3.0]),
+        ]
+    )
     ro1 = NS(outputs=[_completion(0, [4], [-0.125]), _completion(1, [eos], [-4.0])])
     pairs = ve.outputs_to_pairs([ro0, ro1], n=2, eos_id=eos)
-    assert pairs == [([7, eos], [-1.0, -2.0]), ([5, 6], [-0.5, -0.25]), ([4], [-0.125]), ([eos], [-4.0])]
+    assert pairs == [
+        ([7, eos], [-1.0, -2.0]),
+        ([5, 6], [-0.5, -0.25]),
+        ([4], [-0.125]),
+        ([eos], [-4.0]),
+    ]
     with pytest.raises(ValueError, match="expected 3 completions"):
         ve.outputs_to_pairs([ro0], n=3, eos_id=eos)
     with pytest.raises(ValueError, match="no log-prob reported for the sampled token 6"):

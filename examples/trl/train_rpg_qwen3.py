@@ -103,7 +103,10 @@ def main(argv=None):
         model, data, reward = script.model, math_data(script.data), [math_reward]
         if script.overlong_buffer:  # the paper's R_length, as TRL implements DAPO's
             from trl.rewards import get_soft_overlong_punishment
-            reward.append(get_soft_overlong_punishment(args.max_completion_length, script.overlong_buffer))
+
+            reward.append(
+                get_soft_overlong_punishment(args.max_completion_length, script.overlong_buffer)
+            )
     try:
         trainer = RPGTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                              processing_class=tokenizer)

@@ -35,11 +35,35 @@ from rpg_ref.audit.core import (
 from rpg_ref.audit.report import describe, describe_combination, format_table, kl_cell, to_markdown
 from rpg_ref.audit.run import audit
 
-__all__ = ["BASIS", "BETA", "HORIZONS", "MATCH_TOL", "SETTINGS", "ZERO_NORM", "Adapter", "Policies",
-           "Problem", "Setting", "audit", "audit_case", "candidate_grads", "check_mean_over_responses",
-           "default_adapters", "describe", "describe_combination", "expected_grad", "format_table",
-           "kl_cell", "loss_precision", "main", "make_problem", "max_token_ratio", "rel_err",
-           "reward_grad", "to_markdown"]
+__all__ = [
+    "BASIS",
+    "BETA",
+    "HORIZONS",
+    "MATCH_TOL",
+    "SETTINGS",
+    "ZERO_NORM",
+    "Adapter",
+    "Policies",
+    "Problem",
+    "Setting",
+    "audit",
+    "audit_case",
+    "candidate_grads",
+    "check_mean_over_responses",
+    "default_adapters",
+    "describe",
+    "describe_combination",
+    "expected_grad",
+    "format_table",
+    "kl_cell",
+    "loss_precision",
+    "main",
+    "make_problem",
+    "max_token_ratio",
+    "rel_err",
+    "reward_grad",
+    "to_markdown",
+]
 
 
 def default_adapters():

@@ -37,12 +37,16 @@ def audit(adapters: list[Adapter], horizons=HORIZONS, seed: int = 0,
             cases.append(Case(s, h, p, candidate_grads(p, objectives), reward_grad(p)))
     rows = []
     for ad in adapters:
-        probe = next(c.prob for c in cases if c.setting == SETTINGS[-1] and c.horizon == max(horizons))
+        probe = next(
+            c.prob for c in cases if c.setting == SETTINGS[-1] and c.horizon == max(horizons)
+        )
         precision = loss_precision(ad, probe)
         if torch.finfo(precision).eps > torch.finfo(torch.float32).eps:
-            raise ValueError(f"{ad.name}: computes in {precision_name(precision)} (eps "
-                             f"{torch.finfo(precision).eps:.2g}): too coarse to tell objectives apart; "
-                             "audit it in float32 or float64")
+            raise ValueError(
+                f"{ad.name}: computes in {precision_name(precision)} (eps "
+                f"{torch.finfo(precision).eps:.2g}): too coarse to tell objectives apart; "
+                "audit it in float32 or float64"
+            )
         tol = tolerance(precision)
         check_mean_over_responses(ad, probe, tol)
         for c in cases:

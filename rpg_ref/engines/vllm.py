@@ -1,11 +1,13 @@
 """A colocated vLLM rollout engine: one GPU shared by generation and training.
 
-Supported vLLM: SUPPORTED_VLLM = ">=0.10.2,<0.12" (V1 engine). Only vLLM's documented RLHF surface is
-used (vLLM's offline_inference/rlhf_* examples and the sleep-mode docs of that range):
-    LLM(model, enable_sleep_mode=True, worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
+Supported vLLM: SUPPORTED_VLLM = ">=0.10.2,<0.12" (V1 engine). Only vLLM's documented RLHF surface
+is used (vLLM's offline_inference/rlhf_* examples and the sleep-mode docs of that range):
+    LLM(model, enable_sleep_mode=True,
+    worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
         gpu_memory_utilization, seed, logprobs_mode="processed_logprobs")
     llm.generate(TokensPrompt(prompt_token_ids), SamplingParams(n, temperature, top_p, max_tokens,
-                 logprobs=0, seed))                       # logprobs=0: the sampled token's log-prob only
+                 logprobs=0, seed))                       # logprobs=0: the sampled token's log-prob
+                 only
     llm.sleep(level=1) / llm.wake_up(tags=["weights"]) / llm.wake_up(tags=["kv_cache"])
     llm.collective_rpc("rpg_load_weights", args=(chunk,)) -> the worker extension calls
         self.model_runner.model.load_weights(weights=chunk)
@@ -33,8 +35,8 @@ wake() and sleep() are idempotent, so the trainer's order (wake, generate, sleep
 evaluate) works: sync leaves the engine awake.
 
 Sampler log-probs: with logprobs_mode="processed_logprobs" they are log-probs after temperature and
-top-p (the distribution actually sampled from); with top_p < 1 that distribution is renormalized over
-the nucleus and so differs from a trainer's full-softmax log-prob. The paper samples at
+top-p (the distribution actually sampled from); with top_p < 1 that distribution is renormalized
+over the nucleus and so differs from a trainer's full-softmax log-prob. The paper samples at
 temperature 1, top-p 1. Nothing in this module was run against a real vLLM here (no GPU).
 """
 from __future__ import annotations
@@ -48,7 +50,24 @@ from typing import Any
 
 SUPPORTED_VLLM = ">=0.10.2,<0.12"
 _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
-_FALLBACK_PROBE = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 220, 16, 10, 16, 28, 17]
+_FALLBACK_PROBE = [
+    785,
+    3974,
+    13876,
+    38835,
+    34208,
+    916,
+    279,
+    15678,
+    5562,
+    13,
+    220,
+    16,
+    10,
+    16,
+    28,
+    17,
+]
 
 
 class WeightSyncError(RuntimeError):
@@ -61,20 +80,25 @@ def check_vllm_version(version: str, spec: str = SUPPORTED_VLLM) -> None:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
     if Version(version) not in SpecifierSet(spec):
-        raise ValueError(f"vLLM {version} is outside the supported range {spec}: the worker-extension / "
-                         f"sleep-mode API this engine uses was checked for that range only")
+        raise ValueError(
+            f"vLLM {version} is outside the supported range {spec}: the worker-extension / "
+            f"sleep-mode API this engine uses was checked for that range only"
+        )
 
 
 def hf_to_vllm_weights(named: Iterable[tuple[str, Any]], tie_word_embeddings: bool,
                        dtype=None) -> Iterator[tuple[str, Any]]:
-    """HF (name, tensor) -> the (name, tensor) pairs vLLM's load_weights expects (module docstring)."""
+    """HF (name, tensor) -> the (name, tensor) pairs vLLM's load_weights expects (module
+    docstring)."""
     seen = set()
     for name, t in named:
         name = ".".join(seg for seg in name.split(".") if seg not in _WRAPPER_SEGMENTS)
         if tie_word_embeddings and name == "lm_head.weight":
             continue
         if name in seen:
-            raise ValueError(f"parameter name {name!r} appears twice after removing wrapper prefixes")
+            raise ValueError(
+                f"parameter name {name!r} appears twice after removing wrapper prefixes"
+            )
         seen.add(name)
         if not t.is_floating_point():
             raise ValueError(f"parameter {name!r} has non-floating dtype {t.dtype}")
@@ -135,12 +159,15 @@ def prompt_logprobs_of(request_output, ids: Sequence[int]) -> list[float]:
     """log p(ids[t] | ids[:t]) for t >= 1 from a RequestOutput made with prompt_logprobs=0."""
     plp = request_output.prompt_logprobs
     if plp is None or len(plp) != len(ids):
-        raise ValueError(f"expected {len(ids)} prompt log-prob entries, got {None if plp is None else len(plp)}")
+        raise ValueError(
+            f"expected {len(ids)} prompt log-prob entries, got {None if plp is None else len(plp)}"
+        )
     return [_logprob_value(plp[t], ids[t], f"prompt position {t}") for t in range(1, len(ids))]
 
 
 def outputs_to_pairs(request_outputs, n: int, eos_id: int | None) -> list[tuple[list, list]]:
-    """(token ids, sampler log-probs) per response, n consecutive per prompt, cut after the first EOS."""
+    """(token ids, sampler log-probs) per response, n consecutive per prompt, cut after the first
+    EOS."""
     out = []
     for i, ro in enumerate(request_outputs):
         if len(ro.outputs) != n:
@@ -160,16 +187,19 @@ def compare_logprobs(engine_lp: Sequence[float], trainer_lp: Sequence[float], to
         raise ValueError(f"log-prob lists differ in length: {len(engine_lp)} vs {len(trainer_lp)}")
     diff = sum(abs(a - b) for a, b in zip(engine_lp, trainer_lp)) / len(engine_lp)
     if not diff <= tol:
-        raise WeightSyncError(f"after the weight sync, vLLM's log-probs of the probe differ from the "
-                              f"trainer's by {diff:.4g} on average (> tolerance {tol}): the sync did not "
-                              f"take effect or the weight names/layout do not match")
+        raise WeightSyncError(
+            f"after the weight sync, vLLM's log-probs of the probe differ from the "
+            f"trainer's by {diff:.4g} on average (> tolerance {tol}): the sync did not "
+            f"take effect or the weight names/layout do not match"
+        )
     return diff
 
 
 # ---------------------------------------------------------------------------- state machine
 class EngineStateMachine:
     """Sleep/wake/sync ordering over a backend with: sleep(level), wake_up(tags), load(named_iter),
-    reset_prefix_cache(), checksum(), probe_logprobs(ids), generate(...). See the module docstring."""
+    reset_prefix_cache(), checksum(), probe_logprobs(ids), generate(...). See the module
+    docstring."""
 
     def __init__(self, backend, sleep_level: int = 1, verify_tol: float = 0.05):
         if sleep_level not in (1, 2):
@@ -195,11 +225,15 @@ class EngineStateMachine:
         if self.state != "awake":
             raise RuntimeError("vLLM engine is asleep: call wake() before generate()")
         if not self.synced_ok:
-            raise RuntimeError("the last weight sync failed verification: refusing to generate with "
-                               "weights that do not match the policy")
+            raise RuntimeError(
+                "the last weight sync failed verification: refusing to generate with "
+                "weights that do not match the policy"
+            )
         return self.backend.generate(*args, **kwargs)
 
-    def sync(self, named: Iterable, trainer_checksum: tuple, probe_ids: list, trainer_probe_lp: list) -> dict:
+    def sync(
+        self, named: Iterable, trainer_checksum: tuple, probe_ids: list, trainer_probe_lp: list
+    ) -> dict:
         self.synced_ok = False
         if self.state == "asleep":
             self.backend.wake_up(["weights"])     # weights only: the KV cache is not needed to load
@@ -210,9 +244,13 @@ class EngineStateMachine:
         self.backend.reset_prefix_cache()
         engine_sum = self.backend.checksum()
         if not checksums_match(engine_sum, trainer_checksum):
-            raise WeightSyncError(f"after the weight sync the engine's parameter checksum {engine_sum} differs "
-                                  f"from the trainer's {trainer_checksum}: some weights were not loaded")
-        diff = compare_logprobs(self.backend.probe_logprobs(probe_ids), trainer_probe_lp, self.verify_tol)
+            raise WeightSyncError(
+                f"after the weight sync the engine's parameter checksum {engine_sum} differs "
+                f"from the trainer's {trainer_checksum}: some weights were not loaded"
+            )
+        diff = compare_logprobs(
+            self.backend.probe_logprobs(probe_ids), trainer_probe_lp, self.verify_tol
+        )
         self.synced_ok = True
         self.last_verify = {"sync_logprob_diff": diff, "sync_checksum": engine_sum[0]}
         return self.last_verify
@@ -220,7 +258,8 @@ class EngineStateMachine:
 
 # ---------------------------------------------------------------------------- vLLM side
 class RPGWorkerExtension:
-    """Mixed into vLLM's GPU worker via LLM(worker_extension_cls=...); called with collective_rpc."""
+    """Mixed into vLLM's GPU worker via LLM(worker_extension_cls=...); called with
+    collective_rpc."""
 
     def rpg_load_weights(self, weights: list) -> int:
         self.model_runner.model.load_weights(weights=weights)
@@ -263,7 +302,9 @@ class _VLLMBackend:
         from vllm import SamplingParams
         sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
                             logprobs=0, seed=seed)
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False
+        )
         return outputs_to_pairs(outs, n, eos_id)
 
 
@@ -273,18 +314,39 @@ class VLLMEngine:
 
     @dataclass
     class Options:
-        gpu_memory_utilization: float = field(default=0.4, metadata={"help": "fraction of GPU memory vLLM may "
-                                              "use for weights + KV cache (the trainer needs the rest)"})
-        sleep_level: int = field(default=1, metadata={"help": "vLLM sleep level: 1 offloads weights to CPU and "
-                                 "drops the KV cache; 2 drops both (weights are re-synced anyway)"})
-        verify_tol: float = field(default=0.05, metadata={"help": "max mean |log-prob diff| vLLM vs trainer "
-                                  "on the probe after a sync"})
-        max_model_len: int = field(default=0, metadata={"help": "vLLM context length (0 = longest prompt "
-                                   "budget 2048 + max_new_tokens)"})
+        gpu_memory_utilization: float = field(
+            default=0.4,
+            metadata={
+                "help": "fraction of GPU memory vLLM may "
+                "use for weights + KV cache (the trainer needs the rest)"
+            },
+        )
+        sleep_level: int = field(
+            default=1,
+            metadata={
+                "help": "vLLM sleep level: 1 offloads weights to CPU and "
+                "drops the KV cache; 2 drops both (weights are re-synced anyway)"
+            },
+        )
+        verify_tol: float = field(
+            default=0.05,
+            metadata={"help": "max mean |log-prob diff| vLLM vs trainer on the probe after a sync"},
+        )
+        max_model_len: int = field(
+            default=0,
+            metadata={
+                "help": "vLLM context length (0 = longest prompt budget 2048 + max_new_tokens)"
+            },
+        )
         bucket_mb: int = field(default=512, metadata={"help": "weight-sync chunk size in MiB"})
         enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
-        in_process: bool = field(default=True, metadata={"help": "run vLLM's engine core in this process "
-                                 "(VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights pass by reference"})
+        in_process: bool = field(
+            default=True,
+            metadata={
+                "help": "run vLLM's engine core in this process "
+                "(VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights pass by reference"
+            },
+        )
 
     @classmethod
     def sampler_logprobs_missing(cls, cfg) -> str | None:
@@ -316,7 +378,9 @@ class VLLMEngine:
         try:
             import vllm
         except ImportError as e:
-            raise ValueError("engine 'vllm' needs vLLM (pip install 'rpg-ref[vllm]') and a CUDA GPU") from e
+            raise ValueError(
+                "engine 'vllm' needs vLLM (pip install 'rpg-ref[vllm]') and a CUDA GPU"
+            ) from e
         check_vllm_version(vllm.__version__)
         return vllm.LLM(model=path, tokenizer=tok_path, dtype="bfloat16", seed=seed,
                         gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
@@ -333,8 +397,12 @@ class VLLMEngine:
         policy = SimpleNamespace(config=AutoConfig.from_pretrained(path))
         from transformers import AutoTokenizer
         eos = AutoTokenizer.from_pretrained(path).eos_token_id
-        return cls(policy, SimpleNamespace(eos_id=eos), SimpleNamespace(engine_options=options, seed=seed),
-                   model_path=path)
+        return cls(
+            policy,
+            SimpleNamespace(eos_id=eos),
+            SimpleNamespace(engine_options=options, seed=seed),
+            model_path=path,
+        )
 
     # -- the Engine protocol
     def generate_pairs(self, prompts, n, temperature, top_p, max_new_tokens,
@@ -350,7 +418,9 @@ class VLLMEngine:
         """Engine.generate: a Generation (log-probs None when greedy)."""
         from rpg_ref.interfaces import Generation
         pairs = self.generate_pairs(prompts, n, temperature, top_p, max_new_tokens)
-        return Generation([p[0] for p in pairs], None if temperature == 0 else [p[1] for p in pairs])
+        return Generation(
+            [p[0] for p in pairs], None if temperature == 0 else [p[1] for p in pairs]
+        )
 
     def sync_weights(self, policy) -> dict:
         import torch

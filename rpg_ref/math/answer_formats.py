@@ -56,7 +56,8 @@ def score_cases(cases: list[dict], backend: str, timeout_s: float = 5.0) -> list
 
 
 def summarize(results: list[dict]) -> dict:
-    """Per category and "all": recognised/expected-correct, false positives/expected-wrong, max s."""
+    """Per category and "all": recognised/expected-correct, false positives/expected-wrong, max
+    s."""
     table = defaultdict(lambda: {"correct": 0, "recognised": 0, "wrong": 0, "false_positives": 0,
                                  "max_seconds": 0.0})
     for r in results:
@@ -81,13 +82,16 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rpg_ref.math.answer_formats", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m rpg_ref.math.answer_formats", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("path", nargs="?", default=str(DEFAULT_SET), help="answer-format JSONL")
     ap.add_argument("--backend", nargs="+", choices=BACKENDS[1:], default=None,
                     help="checkers to score with (default: both when math-verify is installed)")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds per answer check")
-    ap.add_argument("--show-misses", action="store_true", help="list every case scored unlike expected")
+    ap.add_argument(
+        "--show-misses", action="store_true", help="list every case scored unlike expected"
+    )
     args = ap.parse_args(argv)
     backends = args.backend or (["math_verify"] if math_verify_available() else []) + ["normalizer"]
     try:

@@ -3,7 +3,8 @@
     load_problems("aime24")                      -> <data dir>/eval/aime24.jsonl
     load_problems("path/to/file.jsonl")          -> that file (".parquet" needs pyarrow)
     load_problems("hf:HuggingFaceH4/MATH-500", split="test")   (needs `datasets`; network)
-    load_problems("x.parquet", fields={"answer": "reward_model.ground_truth"})  (renamed/nested fields)
+    load_problems("x.parquet", fields={"answer": "reward_model.ground_truth"})  (renamed/nested
+    fields)
 
 Every row must have a non-empty string `problem` and an `answer` that is a non-empty string or
 a finite int/float (AMC23 keeps float answers such as 27.0; see shared/data/SOURCES.md);
@@ -48,8 +49,10 @@ def resolve(spec: str) -> Path:
         sub = "eval" if spec in EVAL_SETS else "train"
         path = data_dir() / sub / f"{spec}.jsonl"
         if not path.is_file():
-            raise ValueError(f"data set {spec!r} not found at {path} (set RPG_DATA_DIR to the folder "
-                             f"holding eval/ and train/)")
+            raise ValueError(
+                f"data set {spec!r} not found at {path} (set RPG_DATA_DIR to the folder "
+                f"holding eval/ and train/)"
+            )
         return path
     path = Path(spec)
     if not path.is_file():
@@ -62,18 +65,26 @@ def _row_to_problem(row, where: str, index: int, set_name: str, fields: dict,
                     drop_empty_answers: bool) -> Problem | None:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    pkey, akey, ikey = fields.get("problem", "problem"), fields.get("answer", "answer"), fields.get("id", "id")
+    pkey, akey, ikey = (
+        fields.get("problem", "problem"),
+        fields.get("answer", "answer"),
+        fields.get("id", "id"),
+    )
     problem, answer = _field(row, pkey, where), _field(row, akey, where)
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"{where}: field {pkey!r} must be a non-empty string, got {problem!r:.60}")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise ValueError(f"{where}: field {akey!r} must be a string or a number, got {answer!r:.60}")
+        raise ValueError(
+            f"{where}: field {akey!r} must be a string or a number, got {answer!r:.60}"
+        )
     if isinstance(answer, float) and not math.isfinite(answer):
         raise ValueError(f"{where}: field {akey!r} is not finite: {answer!r}")
     if isinstance(answer, str) and not answer.strip():
         if drop_empty_answers:
             return None
-        raise ValueError(f"{where}: field {akey!r} is empty (pass drop_empty_answers=True to drop such rows)")
+        raise ValueError(
+            f"{where}: field {akey!r} is empty (pass drop_empty_answers=True to drop such rows)"
+        )
     pid = _field(row, ikey, where) if _has(row, ikey) else f"{set_name}-{index}"
     if not isinstance(pid, (str, int)) or isinstance(pid, bool):
         raise ValueError(f"{where}: field {ikey!r} must be a string or an int, got {pid!r}")
@@ -114,7 +125,9 @@ def _read_rows(path: Path):
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+            raise ValueError(
+                f"{path}: reading parquet needs pyarrow (pip install pyarrow)"
+            ) from None
         for i, row in enumerate(pq.read_table(path).to_pylist()):
             yield f"{path} row {i}", row
     else:
@@ -158,6 +171,8 @@ def _hf_rows(name: str, split: str):
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"loading the Hugging Face dataset {name!r} needs the `datasets` package "
-                         f"(pip install datasets), or download it to a .jsonl/.parquet file") from None
+        raise ValueError(
+            f"loading the Hugging Face dataset {name!r} needs the `datasets` package "
+            f"(pip install datasets), or download it to a .jsonl/.parquet file"
+        ) from None
     return datasets.load_dataset(name, split=split)

@@ -76,8 +76,17 @@ def format_table(results: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------- generation
-def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                max_new_tokens: int, batch_size: int, seed: int) -> list[list[int]]:
+def hf_generate(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int,
+) -> list[list[int]]:
     """n responses per prompt with transformers `generate` (left padding, batched); returns token
     ids cut after the first EOS, grouped as prompt-major (n consecutive rows per prompt)."""
     import torch
@@ -92,8 +101,11 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, temperature:
         P = max(map(len, chunk))
         ids = torch.tensor([[pad] * (P - len(p)) + p for p in chunk], device=device)        # [b, P]
         am = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in chunk], device=device)
-        kw = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 \
+        kw = (
+            dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            if temperature > 0
             else dict(do_sample=False)
+        )
         with torch.no_grad():
             seq = model.generate(input_ids=ids, attention_mask=am, max_new_tokens=max_new_tokens,
                                  eos_token_id=eos, pad_token_id=pad, **kw)
@@ -120,28 +132,53 @@ def evaluate_sets(generate_fn, tokenizer, sets: dict, n: int, ks: Sequence[int],
         results[name] = summarize(rows, ks)
         results[name]["check_stats"] = checker.last_stats.as_dict()
         results[name]["mean_response_tokens"] = sum(map(len, responses)) / len(responses)
-        details[name] = [{"id": p.id, "answer": p.answer, "correct": sum(r), "n": n,
-                          "first_extracted": preds[i * n]} for i, (p, r) in enumerate(zip(problems, rows))]
+        details[name] = [
+            {
+                "id": p.id,
+                "answer": p.answer,
+                "correct": sum(r),
+                "n": n,
+                "first_extracted": preds[i * n],
+            }
+            for i, (p, r) in enumerate(zip(problems, rows))
+        ]
     return results, details
 
 
 # ---------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rpg-eval", description="Mean@k / Pass@k of a checkpoint on "
-                                 "math sets (AIME24/25, AMC23, MATH-500 or your own JSONL/parquet).")
-    ap.add_argument("--model", required=True, help="Hugging Face checkpoint folder (config, weights, tokenizer)")
+    ap = argparse.ArgumentParser(
+        prog="rpg-eval",
+        description="Mean@k / Pass@k of a checkpoint on "
+        "math sets (AIME24/25, AMC23, MATH-500 or your own JSONL/parquet).",
+    )
+    ap.add_argument(
+        "--model", required=True, help="Hugging Face checkpoint folder (config, weights, tokenizer)"
+    )
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
-    ap.add_argument("--data", nargs="+", required=True,
-                    help="set names (aime24 aime25 amc23 math500), .jsonl/.parquet files, or hf:<id>")
+    ap.add_argument(
+        "--data",
+        nargs="+",
+        required=True,
+        help="set names (aime24 aime25 amc23 math500), .jsonl/.parquet files, or hf:<id>",
+    )
     ap.add_argument("--n", type=int, default=32, help="samples per problem")
-    ap.add_argument("--k", type=int, nargs="+", default=[32], help="k values for Mean@k and Pass@k (<= n)")
+    ap.add_argument(
+        "--k", type=int, nargs="+", default=[32], help="k values for Mean@k and Pass@k (<= n)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=2048)
     ap.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    ap.add_argument("--prompt", choices=["answer", "boxed"], default="answer",
-                    help="answer: the paper's 'Answer: $Answer' instruction; boxed: \\boxed{} variant")
-    ap.add_argument("--enable-thinking", action="store_true", help="Qwen3 thinking mode in the chat template")
+    ap.add_argument(
+        "--prompt",
+        choices=["answer", "boxed"],
+        default="answer",
+        help="answer: the paper's 'Answer: $Answer' instruction; boxed: \\boxed{} variant",
+    )
+    ap.add_argument(
+        "--enable-thinking", action="store_true", help="Qwen3 thinking mode in the chat template"
+    )
     ap.add_argument("--batch-size", type=int, default=64, help="sequences per HF generate call")
     ap.add_argument("--limit", type=int, default=None, help="first N problems of each set")
     ap.add_argument("--seed", type=int, default=0)
@@ -164,7 +201,9 @@ def _validate(args) -> None:
     if args.max_new_tokens < 1 or args.batch_size < 1:
         raise ValueError("--max-new-tokens and --batch-size must be >= 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise ValueError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {args.top_p}")
+        raise ValueError(
+            f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {args.top_p}"
+        )
     if args.temperature == 0 and args.n > 1:
         raise ValueError("--temperature 0 (greedy) gives n identical samples: use --n 1 --k 1")
     if not Path(args.model).is_dir():
@@ -188,7 +227,9 @@ def main(argv: list | None = None) -> int:
 
     from rpg_ref.math.reward import AnswerChecker
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = (
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
     t0 = time.time()
     if args.engine == "hf":
         from transformers import AutoModelForCausalLM
@@ -204,8 +245,12 @@ def main(argv: list | None = None) -> int:
                                             gpu_memory_utilization=args.gpu_memory_utilization)
 
         def generate_fn(prompts, n):
-            return [toks for toks, _ in engine.generate_pairs(prompts, n, args.temperature, args.top_p,
-                                                              args.max_new_tokens, seed=args.seed)]
+            return [
+                toks
+                for toks, _ in engine.generate_pairs(
+                    prompts, n, args.temperature, args.top_p, args.max_new_tokens, seed=args.seed
+                )
+            ]
     with AnswerChecker(args.backend, args.check_timeout) as checker:
         results, details = evaluate_sets(generate_fn, tokenizer, sets, args.n, args.k, args.prompt,
                                          args.enable_thinking, checker)

@@ -21,12 +21,13 @@ What counts as equal (`answers_equal(pred, gold)`):
      and one nested deeper than _MAX_NESTING // 2 brackets never match;
   1. canonical strings are equal (see `canonical`): whitespace, \\left/\\right, spacing
      commands, \\dfrac/\\tfrac, degree signs, `\\%`, thousands separators ("10,\\!080"), leading
-     zeros ("025"), trailing ".0" are removed; a lone \\text{...} answer compares case-insensitively;
+     zeros ("025"), trailing ".0" are removed; a lone \\text{...} answer compares
+     case-insensitively;
   2. both sides parse as exact rationals (integers, decimals, a/b, \\frac, mixed numbers
      "1\\frac{4}{5}") and the rationals are equal;
   3. both sides parse (parser below) into the same structure - a number/expression, an ordered
-     tuple or interval (bracket types must agree), an unordered list ("1, -2", "\\{..\\}", "a \\pm b"),
-     a union of intervals (in any order), a matrix, or an equation - and every element pair is
+     tuple or interval (bracket types must agree), an unordered list ("1, -2", "\\{..\\}", "a \\pm
+     b"), a union of intervals (in any order), a matrix, or an equation - and every element pair is
      equal: numbers with no free symbols must agree to a relative 1e-9 after exact simplification
      (so 0.333 is NOT 1/3), expressions with symbols must have `expand(a - b) == 0`,
      equations compare lhs - rhs. Nesting deeper than _MAX_NESTING parser levels is "not
@@ -104,10 +105,14 @@ _UNIT_ABBREVIATIONS = frozenset({
     "rad", "cc", "gal", "qt", "pt"})
 _FILLER_WORDS = frozenset({"of", "the", "an", "each", "per"})  # "3/4 of the tank", "miles per hour"
 _EXPONENT = r"(?:\^\s*\{?\s*[23]\s*\}?|[²³])"
-_UNIT_TEXT_END_RE = re.compile(r"\\(?:text|mbox|textrm|mathrm|rm|textnormal)\s*\{(?P<words>[^{}]*)\}"
-                               rf"\s*{_EXPONENT}?\s*$")
-_UNIT_WORD_END_RE = re.compile(r"(?<![\\A-Za-z])(?P<words>[A-Za-z]+\.?)(?:\s*/\s*(?P<per>[A-Za-z]+)\.?)?"
-                               rf"\s*{_EXPONENT}?\s*$")
+_UNIT_TEXT_END_RE = re.compile(
+    r"\\(?:text|mbox|textrm|mathrm|rm|textnormal)\s*\{(?P<words>[^{}]*)\}"
+    rf"\s*{_EXPONENT}?\s*$"
+)
+_UNIT_WORD_END_RE = re.compile(
+    r"(?<![\\A-Za-z])(?P<words>[A-Za-z]+\.?)(?:\s*/\s*(?P<per>[A-Za-z]+)\.?)?"
+    rf"\s*{_EXPONENT}?\s*$"
+)
 # one-letter units, bare only in a rate ("5 m/s", "60 km/h"): alone, "5 m" may be 5m
 _RATE_LETTERS = frozenset({"m", "g", "s", "h", "L"})
 _TRAILING_SPACE_RE = re.compile(r"(?:\\[,;:! ]|\\q?quad|~|\s)+$")
@@ -119,11 +124,28 @@ _REMARK_RE = re.compile(r"\((?P<remark>[^()]*)\)\s*$")
 _WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _RESTATEMENTS = ("mod", "approx", "about", "roughly", "i.e", "ie ", "that is", "exactly", "rounded",
                  "which is", "in ")
-_UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": r"\times ", "\u22c5": r"\cdot ",
-                          "\u00b7": r"\cdot ", "\u00f7": "/", "\u03c0": r"\pi ", "\u221e": r"\infty ",
-                          "\u221a": r"\sqrt ", "\u00b2": "^2", "\u00b3": "^3", "\u2264": r"\le ",
-                          "\u2265": r"\ge ", "\u222a": r"\cup ", "\u2208": r"\in ", "\u00a0": " ",
-                          "\u2009": " ", "\u202f": " "})
+_UNICODE = str.maketrans(
+    {
+        "\u2212": "-",
+        "\u2013": "-",
+        "\u00d7": r"\times ",
+        "\u22c5": r"\cdot ",
+        "\u00b7": r"\cdot ",
+        "\u00f7": "/",
+        "\u03c0": r"\pi ",
+        "\u221e": r"\infty ",
+        "\u221a": r"\sqrt ",
+        "\u00b2": "^2",
+        "\u00b3": "^3",
+        "\u2264": r"\le ",
+        "\u2265": r"\ge ",
+        "\u222a": r"\cup ",
+        "\u2208": r"\in ",
+        "\u00a0": " ",
+        "\u2009": " ",
+        "\u202f": " ",
+    }
+)
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 _CURRENCY_RE = re.compile(r"^(-?)\s*(?:\\\$|\$|US\$|USD)\s*(?=[\d.])")
 
@@ -139,7 +161,8 @@ def _is_unit_word(word: str, in_text: bool) -> bool:
 
 
 def _strip_units(s: str) -> str:
-    """Remove trailing unit words, bare or in \\text{...}, with an optional ^2/^3 (up to 6 words)."""
+    """Remove trailing unit words, bare or in \\text{...}, with an optional ^2/^3 (up to 6
+    words)."""
     for _ in range(6):
         m = _UNIT_TEXT_END_RE.search(s)
         in_text = m is not None
@@ -268,7 +291,9 @@ _GREEK = ("alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iot
 _NAME = rf"(?:[A-Za-z]|\\(?:{_GREEK})(?![A-Za-z]))"
 _IDENT = (rf"(?:(?:m\s*)?\\angle\s*)?(?:\\overline\s*\{{[A-Za-z]+\}}|(?:{_NAME}\s*)+)'*"
           r"(?:_\{[^{}]{1,20}\}|_[A-Za-z0-9])?'*(?:\([^()=]{1,20}\))?")
-_LABEL_RE = re.compile(rf"\s*(?:{_IDENT}(?:\s*\+\s*{_IDENT})*|\(\s*{_IDENT}(?:\s*,\s*{_IDENT})+\s*\))\s*")
+_LABEL_RE = re.compile(
+    rf"\s*(?:{_IDENT}(?:\s*\+\s*{_IDENT})*|\(\s*{_IDENT}(?:\s*,\s*{_IDENT})+\s*\))\s*"
+)
 _IN_RE = re.compile(r"\\in(?![A-Za-z])")
 _MAX_LABEL_CHARS = 60
 _CHOICE_RE = re.compile(r"\s*(?:\\text(?:bf)?\s*\{\s*)?\(([A-E])\)\s*\}?(?:\s|\\[ ,;:!]|~)*")
@@ -282,7 +307,8 @@ def _is_label(s: str) -> bool:
 
 
 def _is_constant(s: str) -> bool:
-    """True for a side with numbers and operators only ("12 \\times 17", "\\frac{3}{4} \\cdot 100")."""
+    """True for a side with numbers and operators only ("12 \\times 17", "\\frac{3}{4} \\cdot
+    100")."""
     if any(c not in _CONSTANT_COMMANDS for c in re.findall(r"\\([A-Za-z]+)", s)):
         return False
     return s.strip() != "" and re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", s)) is None
@@ -556,7 +582,8 @@ def _split_top(s: str, sep: str) -> list[str]:
 
 
 def structure(c: str):
-    """Turn a canonical string into a comparable structure of sympy values (or raise _ParseError)."""
+    """Turn a canonical string into a comparable structure of sympy values (or raise
+    _ParseError)."""
     m = re.fullmatch(r"\\begin\{[pbv]?matrix\}(.*)\\end\{[pbv]?matrix\}", c)
     if m:
         rows = [r for r in m.group(1).split("\\\\") if r]

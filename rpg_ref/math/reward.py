@@ -1,10 +1,12 @@
 """Math reasoning reward: prompts, final-answer extraction, verified answer checking, scoring.
 
 The paper's setup (sec:experiments; its released code; the DAPO-Math-17k prompt format):
-  * the user message is  PAPER_INSTRUCTION + "\\n\\n" + problem + "\\n\\n" + PAPER_REMINDER, put through
+  * the user message is  PAPER_INSTRUCTION + "\\n\\n" + problem + "\\n\\n" + PAPER_REMINDER, put
+  through
     the model's chat template (`chat_prompt`); a `\\boxed{}` variant (`style="boxed"`) is offered;
   * the final answer is the text after the last "Answer:" (`style="answer"`) or inside the last
-    \\boxed{...} (`style="boxed"`); for thinking models only the text after the last </think> counts;
+    \\boxed{...} (`style="boxed"`); for thinking models only the text after the last </think>
+    counts;
   * reward +1 for a correct answer and -1 otherwise (`scoring="pm1"`; `"binary"` gives 1 / 0);
     DAPO's soft overlong punishment is added by the loop for every task (rpg_ref.shaping).
 
@@ -12,7 +14,8 @@ Final answer (`extract_answer`; both styles run in time linear in the response l
   * where: after the last "</think>"; then only the last MAX_TAIL_CHARS (4,000) characters.
     Unfinished thinking has NO answer and scores wrong: with thinking on (`thinking=True`, Qwen3's
     enable_thinking) a response without "</think>" - one that ran out of tokens while thinking -
-    and any response whose "<think>" never closes; a draft "Answer:" inside the thinking never counts;
+    and any response whose "<think>" never closes; a draft "Answer:" inside the thinking never
+    counts;
   * style "answer": after the last marker ("Answer:", "**Answer**:", "**Answer:**", "Final answer:",
     "The final answer is:", or a heading line "**Final Answer**"), the rest of its line, or the
     display block that follows when the line is empty ("**Answer:**" then "\\[ \\boxed{73} \\]").
@@ -77,7 +80,8 @@ MAX_ANSWER_CHARS = 1000
 # text after it. It bounds the work and the bytes sent per response whatever a model produces
 # (verl's DAPO reward looks at the last 300 characters only; the longest MATH-500 gold has 159).
 MAX_TAIL_CHARS = 4000
-STARTUP_LIMIT_S = 120.0  # a checker worker that is not ready by then is an error, not a wrong answer
+# a checker worker that is not ready by then is an error, not a wrong answer
+STARTUP_LIMIT_S = 120.0
 
 
 def _check_style(style: str) -> None:
@@ -96,14 +100,18 @@ def user_message(problem: str, style: str = "answer") -> str:
     return f"{problem}\n\n{BOXED_INSTRUCTION}"
 
 
-def chat_prompt(tokenizer, problem: str, style: str = "answer", enable_thinking: bool = False) -> str:
+def chat_prompt(
+    tokenizer, problem: str, style: str = "answer", enable_thinking: bool = False
+) -> str:
     """The prompt text through the tokenizer's chat template, ending with the assistant header.
 
     `enable_thinking` is passed to templates that use it (Qwen3: False appends an empty
     <think></think> block so the model answers directly; True lets it think first).
     """
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("tokenizer has no chat_template; math prompts need a chat model's tokenizer")
+        raise ValueError(
+            "tokenizer has no chat_template; math prompts need a chat model's tokenizer"
+        )
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": user_message(problem, style)}],
         tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
@@ -134,7 +142,8 @@ def answer_region(text: str, thinking: bool = False) -> str | None:
 _BRACE_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|\\[\\{}]|[{}]")
 _MARKER_RE = re.compile(r"\banswer(?:[ \t]+is)?[ \t*_}]{0,8}:"         # Answer: / **Answer**: / ...
                         r"|^[ \t#>*_]{0,12}(?:\\textbf\{)?(?:final[ \t]+)?answer[ \t*_}]{0,12}$",
-                        re.IGNORECASE | re.MULTILINE)                    # a heading "**Final Answer**"
+                        # a heading "**Final Answer**"
+                        re.IGNORECASE | re.MULTILINE)
 _BLOCKS = (("\\[", "\\]"), ("$$", "$$"), ("\\(", "\\)"), ("$", "$"))
 _BEGIN_RE = re.compile(r"\\begin\{([A-Za-z]+\*?)\}")
 _SENTENCE_END_RE = re.compile(r"\.\s+(?=[A-Z])")
@@ -142,8 +151,9 @@ _PHRASE_RE = re.compile(r"^(?:[A-Za-z][A-Za-z',]*\s+){0,12}?(?:is|are|equals|was
 
 
 def _boxes(text: str) -> tuple[list, dict]:
-    """(outer boxes, every closed box by start) for each \\boxed{...}/\\fbox{...} whose brace closes;
-    a box is (start, content_start, content_end) and an outer box is inside no other. One pass
+    """(outer boxes, every closed box by start) for each \\boxed{...}/\\fbox{...} whose brace
+    closes; a box is (start, content_start, content_end) and an outer box is inside no other. One
+    pass
     with a stack of open braces: linear time (an unclosed box is skipped, never re-scanned)."""
     stack, by_start = [], {}
     for m in _BRACE_TOKEN_RE.finditer(text):
@@ -193,7 +203,8 @@ def _joined_boxes(text: str, boxes: list, by_start: dict) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces, else None (linear)."""
+    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces, else None
+    (linear)."""
     outer, by_start = _boxes(text)
     return _box_content(text, outer[-1], by_start) if outer else None
 
@@ -250,8 +261,9 @@ def extract_answer(text: str, style: str = "answer", thinking: bool = False) -> 
     MAX_TAIL_CHARS characters; nothing when the thinking is unfinished.
     style "answer": after the LAST answer marker ("Answer:", "**Answer**:", "**Answer:**",
     "Final answer:", or a heading line "**Final Answer**"): the rest of its line, or when that is
-    empty the block that follows ("\\[ \\boxed{73} \\]" on the next lines). Boxes in it are unwrapped
-    (several: their contents joined by ", "); else markdown, "The answer is", a full stop and
+    empty the block that follows ("\\[ \\boxed{73} \\]" on the next lines). Boxes in it are
+    unwrapped (several: their contents joined by ", "); else markdown, "The answer is", a full stop
+    and
     $...$ around it are removed.
     style "boxed": the content of the last \\boxed{...} (the usual convention: earlier boxes are
     often intermediate results; the instruction asks for one box at the end).
@@ -305,7 +317,8 @@ def _match(pred: str, gold: str, backend: str) -> tuple[bool, bool]:
     """(equal, decided by canonical strings alone) for an extracted answer and a gold string."""
     if canonical(pred) == canonical(gold):
         return True, True
-    pair = comparable_pair(pred, gold)  # decorations off, labels aligned: the same for both backends
+    # decorations off, labels aligned: the same for both backends
+    pair = comparable_pair(pred, gold)
     if pair is None:
         return False, False
     if canonical(pair[0]) == canonical(pair[1]):
@@ -381,7 +394,8 @@ class _Worker:
     def send(self, job: int, msg: dict) -> None:
         self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
         self.proc.stdin.flush()
-        self.job, self.sent_at = job, time.monotonic()  # the limit starts when a ready worker has it
+        # the limit starts when a ready worker has it
+        self.job, self.sent_at = job, time.monotonic()
 
     def read_messages(self) -> list:
         """The whole lines that have arrived; raises EOFError when the worker has died."""
@@ -395,7 +409,8 @@ class _Worker:
         self.proc.kill()
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):  # a job still buffered for a dead worker: no one reads it
+            # a job still buffered for a dead worker: no one reads it
+            with contextlib.suppress(OSError):
                 f.close()
 
     def stop(self) -> None:
@@ -425,7 +440,9 @@ class CheckStats:
 
     def add(self, other: CheckStats) -> None:
         for k, v in other.as_dict().items():
-            setattr(self, k, max(self.max_seconds, v) if k == "max_seconds" else getattr(self, k) + v)
+            setattr(
+                self, k, max(self.max_seconds, v) if k == "max_seconds" else getattr(self, k) + v
+            )
         self.error_examples = (self.error_examples + other.error_examples)[-10:]
 
 
@@ -522,7 +539,8 @@ class AnswerChecker:
         return correct, [r and r["answer"] for r in results]
 
     def _run(self, jobs: list) -> list:
-        """Results (dicts from `_score_job` plus "seconds") for the non-None jobs, None elsewhere."""
+        """Results (dicts from `_score_job` plus "seconds") for the non-None jobs, None
+        elsewhere."""
         results = [None] * len(jobs)
         queue = [i for i, j in enumerate(jobs) if j is not None][::-1]
         if not queue:
@@ -531,7 +549,8 @@ class AnswerChecker:
             self._workers.append(_Worker(self.backend))
         while True:
             busy = [w for w in self._workers if w.job is not None]
-            for k, w in enumerate(self._workers):  # jobs to ready idle workers, num_workers at a time
+            # jobs to ready idle workers, num_workers at a time
+            for k, w in enumerate(self._workers):
                 if queue and len(busy) < self.num_workers and w.ready and w.job is None:
                     i = queue.pop()
                     try:
@@ -553,7 +572,8 @@ class AnswerChecker:
                 self._receive(w, jobs, results)
             now = time.monotonic()
             for k, w in enumerate(self._workers):
-                if w.job is not None and now >= w.sent_at + self.timeout_s:  # kill; the spare goes on
+                # kill; the spare goes on
+                if w.job is not None and now >= w.sent_at + self.timeout_s:
                     results[w.job] = {"ok": False, "answer": None, "how": "timeout",
                                       "seconds": now - w.sent_at, "error": f"timeout after "
                                       f"{self.timeout_s} s: {_job_text(jobs[w.job])!r:.80}"}
@@ -573,11 +593,18 @@ class AnswerChecker:
             if not w.ready:  # killed from outside (a signal): start another, up to 3 times in a row
                 self._failed_starts += 1
                 if w.proc.returncode >= 0 or self._failed_starts > 3:
-                    raise RuntimeError(f"an answer-checker worker exited while starting (exit "
-                                       f"code {w.proc.returncode}); its error output is above") from None
+                    raise RuntimeError(
+                        f"an answer-checker worker exited while starting (exit "
+                        f"code {w.proc.returncode}); its error output is above"
+                    ) from None
             if w.job is not None:  # it died on this job (e.g. out of memory): wrong + error
-                results[w.job] = {"ok": False, "answer": None, "how": "checked", "seconds":
-                                  time.monotonic() - w.sent_at, "error": "answer-checker worker died"}
+                results[w.job] = {
+                    "ok": False,
+                    "answer": None,
+                    "how": "checked",
+                    "seconds": time.monotonic() - w.sent_at,
+                    "error": "answer-checker worker died",
+                }
             self._workers[k] = _Worker(self.backend)
             return
         for msg in messages:

@@ -18,20 +18,28 @@ def check_model_source(spec: str, flag: str) -> None:
     if Path(spec).exists():
         return
     if not HUB_ID.fullmatch(spec):
-        raise ValueError(f"{flag} {spec!r}: no such file or folder (nor a Hugging Face id 'org/name')")
+        raise ValueError(
+            f"{flag} {spec!r}: no such file or folder (nor a Hugging Face id 'org/name')"
+        )
     from huggingface_hub import constants, try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(spec, "config.json"), str):
         return  # cached: works offline
     host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
-    port = urlparse(constants.ENDPOINT).port or (80 if constants.ENDPOINT.startswith("http:") else 443)
+    port = urlparse(constants.ENDPOINT).port or (
+        80 if constants.ENDPOINT.startswith("http:") else 443
+    )
     fix = ("download it where there is a network and pass its folder, or pass a config.json for a "
            "randomly initialized model")
     if constants.HF_HUB_OFFLINE:
-        raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
-                         f"and HF_HUB_OFFLINE is set: {fix}")
+        raise ValueError(
+            f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
+            f"and HF_HUB_OFFLINE is set: {fix}"
+        )
     try:
         socket.create_connection((host, port), timeout=5).close()
     except OSError as e:
-        raise ValueError(f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
-                         f"and the hub ({host}:{port}) cannot be reached ({e}): {fix}") from e
+        raise ValueError(
+            f"{flag} {spec!r} is not a local folder and not in the Hugging Face cache, "
+            f"and the hub ({host}:{port}) cannot be reached ({e}): {fix}"
+        ) from e

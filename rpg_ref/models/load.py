@@ -70,8 +70,10 @@ def resolve_tokenizer(model_spec: str, fallback: Path) -> str:
     if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
         return str(folder)
     if not fallback.is_dir():
-        raise ValueError(f"{model_spec!r} has no tokenizer and the fallback tokenizer {fallback} is "
-                         f"absent: pass a tokenizer")
+        raise ValueError(
+            f"{model_spec!r} has no tokenizer and the fallback tokenizer {fallback} is "
+            f"absent: pass a tokenizer"
+        )
     return str(fallback)
 
 

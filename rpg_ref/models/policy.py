@@ -34,7 +34,9 @@ class HFPolicy(nn.Module):
     DDP), which rpg_ref.engines.vllm strips before loading weights into vLLM.
     """
 
-    def __init__(self, model: nn.Module, dtype: str = "float32", gradient_checkpointing: bool = False):
+    def __init__(
+        self, model: nn.Module, dtype: str = "float32", gradient_checkpointing: bool = False
+    ):
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -50,7 +52,9 @@ class HFPolicy(nn.Module):
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
             from transformers.modeling_layers import GradientCheckpointingLayer
 
-            self._ckpt_layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            self._ckpt_layers = [
+                m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
+            ]
             if not self._ckpt_layers:
                 raise ValueError(f"{type(model).__name__} has no checkpointable layers")
 
@@ -91,7 +95,8 @@ class HFPolicy(nn.Module):
 
     def lm_parts(self) -> LMParts | None:
         """Hidden states and LM head of the wrapped model, each in this policy's precision and
-        checkpointing (rpg_ref.logprobs applies the head in chunks), or None if it has no plain head."""
+        checkpointing (rpg_ref.logprobs applies the head in chunks), or None if it has no plain
+        head."""
         parts = hf_lm_parts(self.module)
         if parts is None:
             return None

@@ -18,15 +18,16 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
             DAPO's soft overlong punishment is the trainer's --overlong-buffer / --overlong-penalty,
             added by the loop for every task (rpg_ref.shaping.overlong_penalty).
             accuracy = fraction of responses whose answer is verified correct.
-  evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with --math-eval-n
+  evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with
+  --math-eval-n
             samples per problem, every --eval-every steps and at the end; logged in metrics.jsonl as
             eval_<set>_mean@<k>, eval_<set>_pass@<k>, eval_<set>_response_len. Evaluation samples
             from its own seeded random stream, so evaluating (or not) never changes training.
   policy    a Hugging Face causal LM: a checkpoint folder or hub id (pretrained weights), or a
             config.json (file, or a folder holding only one) for a randomly initialized model
-            (tests, benchmarks). It is wrapped in rpg_ref.models.HFPolicy, which adds the precision choice and
-            gradient checkpointing that the memory budget needs (docs/memory_budget_qwen3_4b_h100.md)
-            without any change to the training loop.
+            (tests, benchmarks). It is wrapped in rpg_ref.models.HFPolicy, which adds the precision
+            choice and gradient checkpointing that the memory budget needs
+            (docs/memory_budget_qwen3_4b_h100.md) without any change to the training loop.
   finish    at the end of a run the final policy is saved as a plain Hugging Face checkpoint with
             its tokenizer in OUT/hf (what rpg-eval --model and vLLM load; --math-export), and the
             answer-checker workers stop; any trainer checkpoint can be exported with
@@ -58,8 +59,10 @@ def model_source(spec: str, cache_dir: str) -> str:
         return spec
     shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
     if not shared.is_file():
-        raise ValueError(f"--math-model {spec} is built from Qwen3-0.6B's config {shared}, which is "
-                         f"absent: set RPG_DATA_DIR to the shared data folder (models/, tokenizer/)")
+        raise ValueError(
+            f"--math-model {spec} is built from Qwen3-0.6B's config {shared}, which is "
+            f"absent: set RPG_DATA_DIR to the shared data folder (models/, tokenizer/)"
+        )
     path = Path(cache_dir) / TINY_MODEL / "config.json"
     text = json.dumps(tiny_qwen3_config(), indent=1)
     if not path.is_file() or path.read_text() != text:
@@ -91,29 +94,56 @@ class MathTask:
 
     @dataclass
     class Options:
-        model: str = field(default="Qwen/Qwen3-4B", metadata={"help": "policy: a Hugging Face "
-                           "checkpoint folder or hub id, or a config.json (file or weightless folder) "
-                           f"for a randomly initialized model, or {TINY_MODEL!r} (Qwen3-0.6B's "
-                           "shared config shrunk to 2 layers of width 64, random: for CPUs)"})
+        model: str = field(
+            default="Qwen/Qwen3-4B",
+            metadata={
+                "help": "policy: a Hugging Face "
+                "checkpoint folder or hub id, or a config.json (file or weightless folder) "
+                f"for a randomly initialized model, or {TINY_MODEL!r} (Qwen3-0.6B's "
+                "shared config shrunk to 2 layers of width 64, random: for CPUs)"
+            },
+        )
         tokenizer: str = field(default="", metadata={"help": "tokenizer folder or hub id ('' = the "
                                "model's own; the shared Qwen3 tokenizer for a bare config)"})
-        dtype: str = field(default="float32", metadata={"help": f"one of {DTYPES}: fp32; fp32 master "
-                           "weights with bf16 autocast compute; or bf16 weights (loses tiny updates)"})
+        dtype: str = field(
+            default="float32",
+            metadata={
+                "help": f"one of {DTYPES}: fp32; fp32 master "
+                "weights with bf16 autocast compute; or bf16 weights (loses tiny updates)"
+            },
+        )
         gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute decoder "
                                              "layer activations in the backward pass"})
         attn_implementation: str = field(default="sdpa", metadata={"help": "HF attention kernel "
                                          "(sdpa, eager, flash_attention_2)"})
-        train_data: str = field(default="deepmath_int", metadata={"help": "training problems: a set "
-                                "name, a .jsonl/.parquet file or hf:<dataset id> (rows with an empty "
-                                "answer are dropped)"})
+        train_data: str = field(
+            default="deepmath_int",
+            metadata={
+                "help": "training problems: a set "
+                "name, a .jsonl/.parquet file or hf:<dataset id> (rows with an empty "
+                "answer are dropped)"
+            },
+        )
         train_split: str = field(default="train", metadata={"help": "split of an hf: training set"})
-        train_limit: int = field(default=0, metadata={"help": "use the first N training problems (0 = all)"})
-        answer_field: str = field(default="answer", metadata={"help": "training data's field holding "
-                                  "the gold answer (dotted for nested, e.g. reward_model.ground_truth)"})
+        train_limit: int = field(
+            default=0, metadata={"help": "use the first N training problems (0 = all)"}
+        )
+        answer_field: str = field(
+            default="answer",
+            metadata={
+                "help": "training data's field holding "
+                "the gold answer (dotted for nested, e.g. reward_model.ground_truth)"
+            },
+        )
         problem_field: str = field(default="problem", metadata={"help": "training data's field "
                                    "holding the problem text"})
-        max_prompt_tokens: int = field(default=2048, metadata={"help": "drop training problems whose "
-                                       "prompt is longer (counted in summary.json; 0 = keep all)"})
+        max_prompt_tokens: int = field(
+            default=2048,
+            metadata={
+                "help": "drop training problems whose "
+                "prompt is longer (counted in summary.json; 0 = keep all)"
+            },
+        )
         prompt: str = field(default="answer", metadata={"help": "'answer': the paper's 'Answer: "
                             "$Answer' instruction; 'boxed': the \\boxed{} variant"})
         enable_thinking: bool = field(default=False, metadata={"help": "Qwen3 chat template's "
@@ -127,8 +157,12 @@ class MathTask:
         check_workers: int = field(default=1, metadata={"help": "answer-checker processes"})
         eval_data: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23"],
                                      metadata={"help": "evaluation sets (names, files or hf: ids)"})
-        eval_limit: int = field(default=0, metadata={"help": "first N problems of each eval set (0 = all)"})
-        eval_n: int = field(default=32, metadata={"help": "samples per eval problem (0 = no evaluation)"})
+        eval_limit: int = field(
+            default=0, metadata={"help": "first N problems of each eval set (0 = all)"}
+        )
+        eval_n: int = field(
+            default=32, metadata={"help": "samples per eval problem (0 = no evaluation)"}
+        )
         eval_k: list[int] = field(default_factory=lambda: [32], metadata={"help": "k of Mean@k and "
                                   "Pass@k (each <= eval_n)"})
         eval_temperature: float = field(default=1.0, metadata={"help": "eval sampling temperature "
@@ -175,8 +209,12 @@ class MathTask:
         self.pad_id = pad if pad is not None else self.eos_id
 
         # training prompts, tokenized once (long prompts dropped and counted)
-        ids = [chat_prompt_ids(self.tokenizer, p.problem, o.prompt, o.enable_thinking) for p in probs]
-        keep = [i for i, x in enumerate(ids) if not o.max_prompt_tokens or len(x) <= o.max_prompt_tokens]
+        ids = [
+            chat_prompt_ids(self.tokenizer, p.problem, o.prompt, o.enable_thinking) for p in probs
+        ]
+        keep = [
+            i for i, x in enumerate(ids) if not o.max_prompt_tokens or len(x) <= o.max_prompt_tokens
+        ]
         self.dropped_long = len(probs) - len(keep)
         self.train = [(probs[i], ids[i]) for i in keep]
         if len(self.train) < cfg.prompts_per_step:
@@ -209,12 +247,17 @@ class MathTask:
                 bad("--math-eval-data is empty (use --math-eval-n 0 for no evaluation)")
             wrong = [k for k in o.eval_k if not 1 <= k <= o.eval_n]
             if wrong or not o.eval_k:
-                bad(f"--math-eval-k values must be in [1, --math-eval-n {o.eval_n}], got {o.eval_k}")
+                bad(
+                    f"--math-eval-k values must be in [1, --math-eval-n {o.eval_n}], got {o.eval_k}"
+                )
             if o.eval_temperature < 0 or not 0 < o.eval_top_p <= 1:
                 bad(f"need --math-eval-temperature >= 0 and 0 < --math-eval-top-p <= 1, got "
                     f"{o.eval_temperature}, {o.eval_top_p}")
             if o.eval_temperature == 0 and o.eval_n > 1:
-                bad("--math-eval-temperature 0 (greedy) gives identical samples: use --math-eval-n 1")
+                bad(
+                    "--math-eval-temperature 0 (greedy) gives identical samples: use "
+                    "--math-eval-n 1"
+                )
         if o.eval_max_new_tokens < 0:
             bad(f"--math-eval-max-new-tokens must be >= 0, got {o.eval_max_new_tokens}")
 
@@ -225,8 +268,10 @@ class MathTask:
                          o.attn_implementation, self.device)
         n_vocab = model.get_input_embeddings().weight.shape[0]
         if len(self.tokenizer) > n_vocab:
-            raise ValueError(f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
-                             f"model's embedding has only {n_vocab} rows")
+            raise ValueError(
+                f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
+                f"model's embedding has only {n_vocab} rows"
+            )
         return HFPolicy(model, o.dtype, o.gradient_checkpointing)
 
     def sample_prompts(self, n: int, gen: torch.Generator):
@@ -255,8 +300,16 @@ class MathTask:
         devices = [self.device] if torch.device(self.device).type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.cfg.seed + 1_000_003)
-            results, _ = evaluate_sets(generate_fn, self.tokenizer, self.eval_sets, o.eval_n, o.eval_k,
-                                       o.prompt, o.enable_thinking, self.scorer.checker)
+            results, _ = evaluate_sets(
+                generate_fn,
+                self.tokenizer,
+                self.eval_sets,
+                o.eval_n,
+                o.eval_k,
+                o.prompt,
+                o.enable_thinking,
+                self.scorer.checker,
+            )
         out = {}
         for name, r in results.items():
             for k in o.eval_k:
@@ -266,9 +319,12 @@ class MathTask:
         return out
 
     def summary(self, policy, cfg) -> dict:
-        return {"hf_export": str(Path(cfg.out) / "hf") if self.opt.export else None,
-                "train_problems": len(self.train), "train_problems_dropped_long_prompt": self.dropped_long,
-                "answer_checks": self.scorer.checker.stats.as_dict()}
+        return {
+            "hf_export": str(Path(cfg.out) / "hf") if self.opt.export else None,
+            "train_problems": len(self.train),
+            "train_problems_dropped_long_prompt": self.dropped_long,
+            "answer_checks": self.scorer.checker.stats.as_dict(),
+        }
 
     def finish(self, policy, out: Path) -> None:
         """The final policy as an HF checkpoint with its tokenizer in OUT/hf (policy None: a rank
