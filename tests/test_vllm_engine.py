@@ -16,9 +16,9 @@ def test_module_imports_without_vllm():
 
 
 def test_version_range():
-    for ok in ("0.10.2", "0.11.0", "0.11.2"):
+    for ok in ("0.32.0", "0.32.1"):
         ve.check_vllm_version(ok)
-    for bad in ("0.10.1", "0.9.2", "0.12.0", "1.0.0"):
+    for bad in ("0.11.0", "0.31.9", "0.33.0", "1.0.0"):
         with pytest.raises(ValueError, match="outside the supported range"):
             ve.check_vllm_version(bad)
 
@@ -59,6 +59,16 @@ def test_buckets_respect_the_byte_limit_and_keep_order():
     named = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([3, 3, 10, 1, 1])]
     got = [[name for name, _ in b] for b in ve.buckets(named, max_bytes=24)]
     assert got == [["w0", "w1"], ["w2"], ["w3", "w4"]]  # 12+12 | 40 alone | 4+4
+
+
+def test_fused_parameter_names_and_checksums():
+    """q/k/v land in vLLM's qkv_proj and gate/up in gate_up_proj: their checksums add up."""
+    assert ve.vllm_param_name("model.layers.3.self_attn.k_proj.weight") == "model.layers.3.self_attn.qkv_proj.weight"
+    assert ve.vllm_param_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.gate_up_proj.weight"
+    assert ve.vllm_param_name("model.layers.0.mlp.down_proj.weight") == "model.layers.0.mlp.down_proj.weight"
+    got = ve.fused_checksums({"a.q_proj.weight": (1.0, 2.0), "a.v_proj.weight": (0.5, 0.25),
+                              "a.o_proj.weight": (3.0, 9.0)})
+    assert got == {"a.qkv_proj.weight": (1.5, 2.25), "a.o_proj.weight": (3.0, 9.0)}
 
 
 def test_checksum_is_invariant_to_fusing_qkv():
@@ -113,15 +123,16 @@ class FakeBackend:
     def wake_up(self, tags):
         self.calls.append(("wake_up", tags))
 
-    def load(self, named):
-        self.calls.append(("load", [n for n, _ in named]))
+    def load(self, payload):
+        self.calls.append(("load", list(payload)))
+        return {"not_loaded": [], "received": {"a": self._checksum}}
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
-    def checksum(self):
+    def checksums(self):
         self.calls.append(("checksum",))
-        return self._checksum
+        return {"a": self._checksum}
 
     def probe_logprobs(self, ids):
         self.calls.append(("probe", list(ids)))
@@ -133,7 +144,7 @@ class FakeBackend:
 
 
 def _sync(sm, checksum=(1.0, 2.0), trainer_lp=(-1.0, -2.01)):
-    return sm.sync(iter([("a", torch.zeros(1))]), checksum, [1, 2, 3], list(trainer_lp))
+    return sm.sync(["a"], {"a": checksum}, [1, 2, 3], list(trainer_lp))
 
 
 def test_step_order_wake_generate_sleep_sync_verify():
@@ -185,6 +196,5 @@ def test_bad_options():
 def test_engine_without_vllm_raises_a_clear_error():
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    opts = ve.VLLMEngine.Options(in_process=False)
     with pytest.raises(ValueError, match="needs vLLM"):
-        ve.VLLMEngine._make_llm("/nonexistent", "/nonexistent", opts, 128, 0)
+        ve.VLLMEngine(torch.nn.Linear(1, 1), NS(eos_id=None), NS(engine_options={}, seed=0))

@@ -23,7 +23,8 @@ Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses
     sleep      sleep mode where current_platform.is_sleep_mode_available(); elsewhere sleep() and
                wake() keep both weights and KV cache (the CPU: nothing to free for a trainer there)
     seeds      no per-request seeds: before each generate call the worker's global generator is
-               seeded with (run seed, call number), so a resumed run draws what it drew before.
+               seeded from the run's seed and the call's prompts (generate_pairs), so a resumed
+               run draws what the uninterrupted run drew.
                Per-request seeds crash vLLM on the CPU once chunked prefill splits a prompt
                ("CPU Generator does not use offset"); the global generator has no such path.
 
@@ -50,6 +51,7 @@ the nucleus and so differs from a trainer's full-softmax log-prob.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -434,7 +436,6 @@ class VLLMEngine:
         self.tie = bool(getattr(getattr(_hf_module(policy), "config", None), "tie_word_embeddings", False))
         self.seed = int(getattr(cfg, "seed", 0))
         self.bucket_bytes = opt.bucket_mb << 20
-        self._calls = 0
         self.probe: list | None = None
         self.sleep_mode = platform.is_sleep_mode_available()
         eager = {"on": True, "off": False}.get(opt.enforce_eager, not platform.support_static_graph_mode())
@@ -466,12 +467,17 @@ class VLLMEngine:
                    model_path=path)
 
     # -- the Engine protocol
-    def generate_pairs(self, prompts, n, temperature, top_p, max_new_tokens) -> list[tuple[list, list]]:
-        """(token ids, sampler log-probs) for n responses per prompt (n consecutive per prompt)."""
+    def generate_pairs(self, prompts, n, temperature, top_p, max_new_tokens,
+                       seed: int | None = None) -> list[tuple[list, list]]:
+        """(token ids, sampler log-probs) for n responses per prompt (n consecutive per prompt).
+        The worker's generator is seeded with ``seed``, by default a hash of the run's seed and the
+        call's arguments: a call's draws depend on what it is asked, not on the calls before it,
+        so a resumed run samples what the uninterrupted run sampled."""
         if self.probe is None and prompts:
             self.probe = list(prompts[0])
-        self._calls += 1
-        seed = (self.seed * 1_000_003 + self._calls) % 2**63
+        if seed is None:
+            key = repr((self.seed, [list(p) for p in prompts], n, temperature, top_p, max_new_tokens))
+            seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
         return self.sm.generate(prompts, n, temperature, top_p, max_new_tokens, seed, self.eos_id)
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens):
@@ -505,6 +511,11 @@ class VLLMEngine:
             return self.sm.sync(paths, sums, probe, lp[:, 0].tolist())
         finally:
             shutil.rmtree(xfer, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop vLLM's process now (otherwise it stops when the engine is garbage-collected)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._tmp.cleanup()
 
     def sleep(self) -> None:
         self.sm.sleep()
