@@ -17,11 +17,11 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: these tests run in "
                     "their own venv, .venv-vllm, which .ci/run creates (docs/vllm.md)")
 
-from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen3Config
 
-from rpg_ref import cli  # noqa: E402
-from rpg_ref.engines.vllm import VLLMEngine, WeightSyncError  # noqa: E402
-from rpg_ref.math_data import data_dir, tiny_qwen3_config  # noqa: E402
+from rpg_ref import cli
+from rpg_ref.engines.vllm import VLLMEngine, WeightSyncError
+from rpg_ref.math_data import data_dir, tiny_qwen3_config
 
 TOKENIZER = data_dir() / "tokenizer" / "qwen3"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

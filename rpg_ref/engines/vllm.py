@@ -292,8 +292,10 @@ class RPGWorkerExtension:
         """Load all weights in the safetensors files at once (EngineStateMachine.load's report)."""
         from safetensors import safe_open
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
-                                                             initialize_layerwise_reload)
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
 
         received = {}
 
