@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 
 import numpy as np
@@ -160,12 +161,14 @@ def _make_repeat_model(model, seed: int) -> None:
 def test_after_an_update_the_engine_samples_the_new_weights(which, request):
     """Buckets of 1 byte (every tensor alone, so q/k/v and gate/up of one layer arrive in different
     buckets), tied and untied LM heads: (1) after every weight moves by N(0, 0.05^2), the sampled
-    tokens' vLLM log-probs equal the updated policy's within 1e-5 (the fused layers are whole);
+    tokens' vLLM log-probs equal the updated policy's within 1e-5 (the fused layers are whole, and
+    the prompts' KV cached before the update is not reused);
     (2) after an update to the forced-token model, every sampled token is the forced one."""
     model, engine = request.getfixturevalue(which)
     engine.bucket_bytes = 1
     vocab = model.config.vocab_size
     prompts = [[3, 7, 11, 2, 5], [9, 4, 6]]
+    engine.generate(prompts, 8, 1.0, 1.0, 12)  # vLLM caches these prompts' KV: stale after the update
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for p in model.parameters():
@@ -309,7 +312,7 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     4 steps in which the weights change (rewards differ within groups, so the loss is not zero),
     vLLM's sampler log-probs equal the trainer's within 1e-5 at every step (float32: each sync
     took effect); a run stopped after 2 steps and resumed to 4 ends with the same weights and
-    metrics as the uninterrupted one; `rpg-eval --engine vllm` evaluates the export."""
+    metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm` evaluates the export."""
     from rpg_ref import evaluation
 
     full, part = tmp_path / "full", tmp_path / "part"
@@ -322,11 +325,15 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     w0, w4 = _weights(full, 2), _weights(full, 4)
     assert max((w0[k] - w4[k]).abs().max().item() for k in w0) > 1e-4  # weights really changed
 
-    assert cli.main(_math_argv(eos_model_dir, part, "--steps", "2", "--save-every", "2")) == 0
-    assert cli.main(["--resume", str(part), "--steps", "4", "--no-progress"]) == 0
+    # the run as a kill right after step 2's checkpoint leaves it, then resumed
+    shutil.copytree(full, part)
+    shutil.rmtree(part / "checkpoints" / "step_000004")
+    (part / "checkpoints" / "LATEST").write_text("step_000002")
+    (part / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert cli.main(["--resume", str(part), "--no-progress"]) == 0
     resumed = _rows(part)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for a, b in zip(rows, resumed):
+    for a, b in zip(rows[2:], resumed[2:]):
         assert a["reward"] == b["reward"] and a["loss"] == b["loss"], (a, b)
     w4r = _weights(part, 4)
     assert all(torch.equal(w4[k], w4r[k]) for k in w4)
