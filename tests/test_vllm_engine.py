@@ -197,3 +197,37 @@ def test_engine_without_vllm_raises_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm fails, installed or not
     with pytest.raises(ValueError, match="needs vLLM"):
         ve.VLLMEngine(torch.nn.Linear(1, 1), NS(eos_id=None), NS(engine_options={}, seed=0))
+
+
+def test_probe_is_fixed_and_inside_the_vocabulary():
+    """The sync's probe depends on the vocabulary size only (a resumed run probes as the
+    uninterrupted one did), and every id is a valid token."""
+    for V in (16, 32, 151_936):
+        ids = ve.probe_ids(V)
+        assert ids == ve.probe_ids(V) and len(ids) == 32 and all(0 <= i < V for i in ids)
+        assert len(set(ids)) > min(V, 32) // 2
+    with pytest.raises(ValueError, match="vocab_size"):
+        ve.probe_ids(0)
+
+
+@pytest.mark.parametrize("opt, msg", [
+    ({"dtype": "fp8"}, "--vllm-dtype"), ({"enforce_eager": "yes"}, "--vllm-enforce-eager"),
+    ({"gpu_memory_utilization": 0.0}, "--vllm-gpu-memory-utilization"),
+    ({"sleep_level": 0}, "--vllm-sleep-level"), ({"verify_tol": -1.0}, "--vllm-verify-tol"),
+    ({"max_model_len": -1}, "--vllm-max-model-len"), ({"bucket_mb": 0}, "--vllm-bucket-mb")])
+def test_bad_engine_options_are_refused_with_the_flag_named(opt, msg):
+    with pytest.raises(ValueError, match=f"bad configuration: {msg}"):
+        ve.VLLMEngine.Options(**opt)
+
+
+def test_engine_dtype_is_the_trainers_compute_dtype_if_the_platform_has_it():
+    """--vllm-dtype auto: bf16 under bf16 autocast, else the parameters' dtype; a dtype the
+    platform does not list is refused naming the ones it supports."""
+    platform = NS(device_type="cpu", supported_dtypes=[torch.bfloat16, torch.float32])
+    lin = torch.nn.Linear(2, 2)
+    assert ve._engine_dtype("auto", lin, platform) == torch.float32
+    wrapped = NS(autocast=True, parameters=lin.parameters)
+    assert ve._engine_dtype("auto", wrapped, platform) == torch.bfloat16
+    assert ve._engine_dtype("bfloat16", lin, platform) == torch.bfloat16
+    with pytest.raises(ValueError, match=r"supports \['bfloat16', 'float32'\], not float16"):
+        ve._engine_dtype("float16", lin, platform)

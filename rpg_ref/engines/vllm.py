@@ -13,7 +13,7 @@ Process. vLLM's engine core and worker run in their own process (vLLM's multi-pr
 VLLM_ENABLE_V1_MULTIPROCESSING=1, set here): built in the trainer's process, vLLM's CPU worker
 re-seeds the global torch/numpy/random generators, replaces torch.set_num_threads by a no-op and
 binds memory to one NUMA node. In its own process the trainer's RNG streams, threads and
-determinism are the same whether or not a vLLM engine exists (tests/vllm/test_vllm_real.py).
+determinism are the same whether or not a vLLM engine exists (tests/test_vllm_real.py).
 
 Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses:
     dtype      --vllm-dtype auto: the trainer's compute dtype (bf16 under --math-dtype bf16-autocast,
@@ -29,20 +29,22 @@ Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses
                ("CPU Generator does not use offset"); the global generator has no such path.
 
 Weight sync (sync_weights). The trainer's parameters, cast to the engine dtype, are written in
-buckets of --vllm-bucket-mb to safetensors files (in /dev/shm where it exists), then ONE call in
+buckets of --vllm-bucket-mb to safetensors files (in /dev/shm where it has room), then ONE call in
 the worker loads all of them with vLLM's layerwise reload (initialize_layerwise_reload,
 model.load_weights, finalize_layerwise_reload: what Worker.reload_weights runs). One call, because
 vLLM fuses q/k/v and gate/up into one parameter and re-processes a layer (the CPU repacks its
 linear weights) once it is complete: loading bucket by bucket would process a fused layer with
 only some of its pieces. The buckets only bound the trainer's extra memory. Then the prefix cache
 is reset and the sync is VERIFIED:
-  1. names: every parameter of vLLM's model was loaded (a missing one keeps its old value);
-  2. checksum: (sum, sum of squares) in float64 of every parameter that holds its values
-     (on the CPU the repacked linear weights are emptied: they are skipped) equal those of the
-     trainer's tensors mapped to vLLM's names (fused pieces summed), relative tolerance 1e-6;
-  3. log-probs of a probe sequence (the first prompt ever generated, else fixed ids) from vLLM's
-     prompt_logprobs agree with the trainer's within verify_tol (mean |diff|). This one covers
-     what a checksum cannot (the CPU's packed LM head of tied embeddings, kernel layouts).
+  1. loaded: every parameter of vLLM's model received a weight (a missing one keeps its value);
+  2. received: (sum, sum of squares) in float64 of every tensor the worker read equal those of
+     the trainer's tensor, and every tensor arrived (a lost or corrupt file);
+  3. held: the same checksums of every vLLM parameter that holds its values (on the CPU the
+     repacked linear weights are emptied: they are skipped) equal the trainer's mapped to vLLM's
+     names (fused pieces summed), relative tolerance 1e-6;
+  4. log-probs of a probe sequence (probe_ids: fixed ids) from vLLM's prompt_logprobs agree
+     with the trainer's within verify_tol (mean |diff|): what a checksum cannot see (the CPU's
+     packed LM head of tied embeddings, kernel layouts).
 Any failure raises WeightSyncError and the engine refuses to generate until a good sync.
 
 Sampler log-probs: logprobs_mode="processed_logprobs" gives log-probs after temperature and top-p
@@ -70,7 +72,6 @@ _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp
 # vLLM's fused parameters (its stacked_params_mapping for Llama-family models, Qwen3 included)
 _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
           "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
-_FALLBACK_PROBE = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 220, 16, 10, 16, 28, 17]
 
 
 # ---------------------------------------------------------------------------- pure helpers
@@ -100,6 +101,15 @@ def hf_to_vllm_weights(named: Iterable[tuple[str, Any]], tie_word_embeddings: bo
             raise ValueError(f"parameter {name!r} has non-floating dtype {t.dtype}")
         t = t.detach()
         yield name, (t if dtype is None else t.to(dtype))
+
+
+def probe_ids(vocab_size: int, length: int = 32) -> list:
+    """The sync's probe sequence: fixed ids spread over the vocabulary. Fixed, so that what the
+    probe leaves in vLLM's prefix cache is the same in a resumed run as in the uninterrupted one
+    (cached prompt blocks change the floating-point sums of later prompts that share them)."""
+    if vocab_size < 2:
+        raise ValueError(f"the policy's config has no usable vocab_size ({vocab_size})")
+    return [(i * 2_654_435_761 + 12_345) % vocab_size for i in range(length)]
 
 
 def vllm_param_name(hf_name: str) -> str:
@@ -429,7 +439,8 @@ class VLLMEngine:
         opt = self.Options(**getattr(cfg, "engine_options", {}))
         vllm, platform = _import_vllm()
         self.dtype = _engine_dtype(opt.dtype, policy, platform)
-        self._tmp = tempfile.TemporaryDirectory(prefix="rpg-vllm-", dir=_shm_dir())
+        need = 2 * sum(p.numel() for p in policy.parameters()) * self.dtype.itemsize  # checkpoint + a sync
+        self._tmp = tempfile.TemporaryDirectory(prefix="rpg-vllm-", dir=_shm_dir(need))
         path = model_path or getattr(getattr(_hf_module(policy), "config", None), "_name_or_path", "")
         if not path or not os.path.isdir(path):  # a policy built in memory: give vLLM a checkpoint
             path = os.path.join(self._tmp.name, "model")
@@ -438,7 +449,8 @@ class VLLMEngine:
         self.tie = bool(getattr(getattr(_hf_module(policy), "config", None), "tie_word_embeddings", False))
         self.seed = int(getattr(cfg, "seed", 0))
         self.bucket_bytes = opt.bucket_mb << 20
-        self.probe: list | None = None
+        vocab = int(getattr(getattr(_hf_module(policy), "config", None), "vocab_size", 0) or 0)
+        self.probe = probe_ids(vocab)
         self.sleep_mode = platform.is_sleep_mode_available()
         eager = {"on": True, "off": False}.get(opt.enforce_eager, not platform.support_static_graph_mode())
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM in its own process: module docstring
@@ -475,8 +487,6 @@ class VLLMEngine:
         The worker's generator is seeded with ``seed``, by default a hash of the run's seed and the
         call's arguments: a call's draws depend on what it is asked, not on the calls before it,
         so a resumed run samples what the uninterrupted run sampled."""
-        if self.probe is None and prompts:
-            self.probe = list(prompts[0])
         if seed is None:
             key = repr((self.seed, [list(p) for p in prompts], n, temperature, top_p, max_new_tokens))
             seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
@@ -504,7 +514,7 @@ class VLLMEngine:
                 paths.append(os.path.join(xfer, f"{i:05d}.safetensors"))
                 save_file({n: t.contiguous().cpu() for n, t in chunk if n not in _drop}, paths[-1])
                 sums.update((n, weights_checksum([t])) for n, t in chunk)
-            probe = self.probe or _FALLBACK_PROBE
+            probe = self.probe
             dev = next(policy.parameters()).device
             ids = torch.tensor([probe], device=dev)                                   # [1, L]
             logits = policy(input_ids=ids).logits.float()                             # [1, L, V]
@@ -547,6 +557,10 @@ def _engine_dtype(name: str, policy, platform):
     return dt
 
 
-def _shm_dir() -> str | None:
-    """Weights pass through files: in memory (/dev/shm) where the system has it."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def _shm_dir(need_bytes: int) -> str | None:
+    """Weights pass through files: in memory (/dev/shm) where it exists and has room (containers
+    often give it 64 MiB), else the system's temporary folder."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need_bytes:
+        return shm
+    return None
