@@ -6,7 +6,7 @@ compared with -grad J(theta) computed from J's definition. Used by tests, deriva
 the demo and the notebooks.
 
 ``Autoregressive`` does the same for a small autoregressive policy: every response of a fixed
-length, with tabular logits for every prefix (derivations/token_sequence.py, rpg_ref/audit.py).
+length, with tabular logits for every prefix (derivations/token_sequence.py, rpg_ref/audit/).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ from audit_expectations import (
     tie_class,
 )
 
-from rpg_ref import audit, audit_adapters
+from rpg_ref import audit
 from rpg_ref.advantages import kl_return_to_go, reinforce_pp
+from rpg_ref.audit import adapters as audit_adapters
 from rpg_ref.exact import Autoregressive
 from rpg_ref.losses import LOSSES
 
@@ -130,7 +131,7 @@ def test_verdict(rows, ad):
 
 def test_verdicts_do_not_depend_on_the_seed():
     """The verdicts are structural: another draw of the policies gives the same matches."""
-    for r in audit.audit(ADAPTERS, horizons=(2, 3), seed=1):
+    for r in audit.audit(ADAPTERS, horizons=(2, 3), seed=1, fit=False):
         assert r["kl_matches"] == predicted_matches(r["loss"], r["level"], r["on_policy"], r["ref_is_old"],
                                                     r["horizon"]), r["loss"]
 
@@ -249,7 +250,19 @@ def test_cli_writes_table_markdown_and_json(tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--horizons", "0"], "--horizons must be in 1..4"),
+    (["--horizons", "0"], "--horizons must be >= 1"),
+    (["--horizons", "9"], "V^H <= 4096"),
+    (["--vocab", "1"], "--vocab must be in 2..8"),
+    (["--beta", "0"], "--beta must be a finite number > 0"),
+    (["--max-ratio", "1"], "--max-ratio must be a finite number > 1"),
+    (["--off-step", "nan"], "--off-step must be a finite number > 0"),
+    (["--loss", "missing_file.py:fn"], "does not exist"),
+    (["--loss", "no_colon"], "expected PATH.py:NAME"),
+    (["--loss", "rpg_ref.losses:no_such_fn"], "has no attribute 'no_such_fn'"),
+    (["--loss", "rpg_ref.losses:LOSSES"], "is not callable"),
+    (["--loss", "rpg_ref.losses:check_beta"], "raised TypeError"),
+    (["--loss", "no_such_pkg.mod:fn"], "importing no_such_pkg.mod failed"),
+    (["--objective", "rpg_ref.losses:no_such_fn"], "has no attribute"),
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--only", "no-such-loss"], "no adapter name contains"),
     (["--json", "missing-dir/x.json"], "does not exist"),
@@ -280,3 +293,158 @@ def test_readme_example_runs():
 
 def test_every_relative_error_is_finite(rows):
     assert all(math.isfinite(e) for r in rows for e in itertools.chain([r["reward_rel_err"]], r["kl_errs"].values()))
+
+
+# ---------------------------------------------------------------------------
+# precision, combinations, user objectives, user losses from the command line, policies
+# ---------------------------------------------------------------------------
+
+def _urkl(lp, o, r, a, m):
+    return LOSSES["rpg-urkl"](lp, o, a, m, beta=0.5, ref_logp=r, agg="seq-mean-token-sum")[0]
+
+
+def _as(dtype):
+    """The same loss computed in another precision (inputs cast, as `.float()` code does)."""
+    return lambda lp, o, r, a, m: _urkl(lp.to(dtype), o.to(dtype), r.to(dtype), a.to(dtype), m.to(dtype))
+
+
+def test_float32_twin_is_judged_at_its_precision():
+    """A float32 twin of a correct loss gets the float64 loss's verdicts, labelled with its precision and
+    error (below the 1.2e-5 tolerance, above 1e-10), and passes the mean-over-responses check at that
+    precision: no false diagnosis."""
+    exact = audit.audit([audit.Adapter("f64", _urkl, 0.5, "t", True)], horizons=(1, 2), fit=False)
+    low = audit.audit([audit.Adapter("f32", _as(torch.float32), 0.5, "t", True)], horizons=(1, 2), fit=False)
+    for r64, r32 in zip(exact, low):
+        assert r32["precision"] == "float32" and r64["precision"] == "float64"
+        assert r32["kl_matches"] == r64["kl_matches"] and r32["reward_exact"] == r64["reward_exact"]
+        if r32["kl_matches"] and not r32["kl_all_zero"]:
+            assert 1e-10 < r32["kl_match_err"] < 1.2e-5
+            assert re.fullmatch(r".* at float32 precision, error \S+", audit.kl_cell(r32))
+
+
+def test_16bit_loss_is_refused_not_misdiagnosed():
+    with pytest.raises(ValueError, match="computes in bfloat16.*too coarse"):
+        audit.audit([audit.Adapter("bf16", _as(torch.bfloat16), 0.5, "t", True)], horizons=(1,))
+
+
+def _k3_in_reward(lp, o, r, a, m):
+    """k3(pi_ref/pi_old) in the reward, return-to-go, REINFORCE with per-token ratios (no clip)."""
+    k3_old = torch.expm1(r - o) - (r - o)                                   # [B, H], constants
+    a_tok = a[:, None] - 0.5 * (k3_old.flip(1).cumsum(1).flip(1))          # R - beta sum_{s>=t} k3_s
+    return (-torch.exp(lp - o) * a_tok * m).sum(1).mean()
+
+
+def test_k3_in_the_reward_is_found_as_a_combination():
+    """On-policy, E[sum_t grad log pi(y_t) sum_{s>=t} k3_s] with k3 frozen is grad E_pi[sum_t k3_t] =
+    grad KL(pi||ref) - grad sum_t KL(ref||pi) (derived in audit_expectations.py): the fit finds exactly
+    these coefficients (1, -1), the same on every draw, and no single candidate matches."""
+    ad = audit.Adapter("k3-in-reward", _k3_in_reward, 0.5, "t", True)
+    for r in audit.audit([ad], horizons=(2, 3)):
+        if r["on_policy"] and not r["ref_is_old"]:
+            assert not r["kl_matches"] and r["kl_combination"]["draws"] >= 4
+            terms = r["kl_combination"]["terms"]
+            assert set(terms) == {"seq-rkl", "tok-fkl"}
+            assert abs(terms["seq-rkl"] - 1) < 1e-8 and abs(terms["tok-fkl"] + 1) < 1e-8
+            assert r["kl_combination"]["equations"] >= 10 * r["kl_combination"]["unknowns"]
+
+
+def _entropy_bonus(lp, o, r, a, m):
+    """0.5 w log pi per token (w differentiable): E_old[w (1 + log pi) grad log pi] = grad sum_t
+    E_{h ~ pi_old} sum_x pi log pi = -grad sum_t H(pi(.|h)): not a divergence from pi_ref."""
+    return (0.5 * torch.exp(lp - o) * lp * m).sum(1).mean()
+
+
+def _abs_k1(lp, o, r, a, m):
+    """|log pi/pi_ref| per token (verl's abs): gradient sign(log rho) grad log pi, a divergence of no kind."""
+    return (0.5 * (lp - r).abs() * m).sum(1).mean()
+
+
+@pytest.mark.parametrize("fn", [_entropy_bonus, _abs_k1])
+def test_a_non_kl_objective_is_never_a_combination(fn):
+    """At V = 3, H = 1 the KL gradient of one draw has 2 dimensions, so one draw fits ANY vector with two
+    candidates (checked below: the test can fail); with the same coefficients required on many draws the
+    entropy bonus and |log rho| are reported as no combination in every setting and horizon."""
+    ad = audit.Adapter(fn.__name__, fn, 0.5, "t", True)
+    rows = audit.audit([ad], horizons=(1, 2, 3))
+    assert all(r["kl_combination"] is None and not r["kl_matches"] for r in rows if r["kl_grad_norm"] > 1e-4)
+    prob = audit.make_problem(audit.Setting(False, False), 1)
+    cands = audit.candidate_grads(prob)
+    A = torch.stack([0.5 * cands["seq-rkl"], 0.5 * cands["seq-fkl"]], 1)
+    g = audit.expected_grad(ad, prob, torch.zeros_like(prob.R))
+    coef = torch.linalg.lstsq(A, g[:, None]).solution
+    assert audit.rel_err(A @ coef[:, 0], g) < 1e-10                         # one draw: a spurious "fit"
+
+
+def _neg_entropy(logp, old, ref):
+    """-sum_t E_{h ~ pi_old} H(pi(.|h)) over every response: sum_t sum_y pi_old(y without t) pi(y_t|h) log pi(y_t|h)."""
+    rest = old.sum(1, keepdim=True) - old                                   # [N, H] log pi_old of the other tokens
+    return (rest.exp() * logp.exp() * logp).sum()
+
+
+def test_user_objective_is_matched_for_every_theta():
+    """The entropy bonus follows E[R] - beta * (-sum_t H) exactly, for every theta, once the user names it."""
+    ad = audit.Adapter("entropy", _entropy_bonus, 0.5, "t", True)
+    rows = audit.audit([ad], horizons=(1, 2, 3), objectives={"-Σt H(π)": _neg_entropy})
+    assert all("user:-Σt H(π)" in r["kl_matches"] for r in rows)
+    assert all(audit.kl_cell(r).startswith("-Σt H(π)") for r in rows if not r["kl_all_zero"])
+
+
+def test_max_ratio_is_reached_exactly():
+    """--max-ratio W: the largest per-token pi_theta/pi_old of the off-policy draws is W."""
+    pol = audit.Policies(max_ratio=20.0, logit_scale=2.0)
+    for h in (2, 3):
+        p = audit.make_problem(audit.Setting(False, False), h, 0, pol)
+        assert abs(audit.max_token_ratio(p.theta, p.old) - 20.0) < 1e-9
+    with pytest.raises(ValueError, match=r"not reached by these policies \(at most 5.83 = 1 / the smallest"):
+        audit.make_problem(audit.Setting(False, False), 1, 0, pol)            # one prefix: min pi_old = 0.17
+
+
+def test_cli_audits_a_loss_file_and_a_module(tmp_path, monkeypatch, capsys):
+    """`rpg-audit --loss FILE.py:NAME` and `--loss module:NAME` in one call each; --beta reaches the
+    verdict; the JSON rows carry the expected-gradient vectors (KL part = beta grad D where matched)."""
+    (tmp_path / "mine.py").write_text(
+        "import torch\n"
+        "def loss(logp, old_logp, ref_logp, advantages, mask):\n"
+        "    w = torch.exp(logp - old_logp)\n"
+        "    k3 = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1\n"
+        "    return ((-w * advantages[:, None] + 0.1 * w * k3) * mask).sum(1).mean()\n", encoding="utf-8")
+    js = tmp_path / "rows.json"
+    assert audit.main(["--loss", f"{tmp_path / 'mine.py'}:loss", "--beta", "0.1", "--horizons", "2",
+                       "--json", str(js)]) == 0
+    rows = json.loads(js.read_text(encoding="utf-8"))
+    assert [r["kl_matches"] for r in rows if not r["kl_all_zero"]] == [["tok-rkl"]] * 3
+    for r in rows:
+        if r["kl_matches"] == ["tok-rkl"]:
+            assert audit.rel_err(torch.tensor(r["grad_kl_part"]), torch.tensor(r["kl_targets"]["tok-rkl"])) < 1e-10
+        assert len(r["grad_reward_part"]) == len(r["grad_reward_target"]) == 4 * 3
+    monkeypatch.syspath_prepend(str(tmp_path))
+    capsys.readouterr()
+    assert audit.main(["--loss", "mine:loss", "--beta", "0.2", "--horizons", "2"]) == 0
+    out = capsys.readouterr().out                                          # told beta 0.2, the loss uses 0.1:
+    assert "| Σt KL(π‖ref) |" not in out and "0.5·Σt KL(π‖ref) (same coefficients on" in out
+
+
+def test_cli_unreachable_ratio_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        audit.main(["--only", "rpg-urkl", "--horizons", "1", "--max-ratio", "1e6"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "is not reached" in err and len(err.splitlines()) == 1
+
+
+def test_worked_example_in_docs():
+    """docs/audit.md's single-token example: pi = (1/2, 1/2) on-policy, pi_ref = (0.8, 0.2), beta = 1/2.
+    k3 as a loss: beta (pi - pi_ref) = (-0.15, 0.15) = beta grad KL(ref||pi); w k3: beta grad KL(pi||ref)
+    = (-0.173287, 0.173287); k1: (0, 0). Numbers computed by hand in the doc, checked to 1e-6."""
+    theta = torch.zeros(1, 2, dtype=torch.float64)
+    ref = torch.log(torch.tensor([[0.8, 0.2]], dtype=torch.float64))
+    prob = audit.Problem(Autoregressive(2, 1), theta, theta, ref, torch.zeros(2, dtype=torch.float64))
+    by = {a.name: a for a in ADAPTERS}
+    want = {"verl kl_loss_type=low_var_kl": [-0.15, 0.15], "DeepSeek-V3.2 KL term": [-0.173287, 0.173287],
+            "verl kl_loss_type=kl": [0.0, 0.0]}
+    for name, w in want.items():
+        g = audit.expected_grad(by[name], prob, torch.zeros(2, dtype=torch.float64))
+        assert torch.allclose(g, torch.tensor(w, dtype=torch.float64), atol=1e-6, rtol=0), (name, g)
+    cands = audit.candidate_grads(prob)
+    assert torch.allclose(0.5 * cands["seq-fkl"], torch.tensor([-0.15, 0.15], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(0.5 * cands["seq-rkl"], torch.tensor([-0.173287, 0.173287], dtype=torch.float64),
+                          atol=1e-6)

@@ -17,7 +17,8 @@ from audit_expectations import (
     table_lines,
 )
 
-from rpg_ref import audit, audit_adapters
+from rpg_ref import audit
+from rpg_ref.audit import adapters as audit_adapters
 
 OWN, NOTES = audit_adapters.verl_adapters()
 TWINS = {a.name: a for a in audit_adapters.docs_adapters() if a.library.startswith("verl")}

@@ -1,0 +1,320 @@
+"""rpg_ref.integrations.trl: the rpg losses inside TRL's GRPOTrainer.
+
+On one batch the trainer's loss and gradient equal rpg_ref's own (rpg_ref.logprobs +
+rpg_ref.losses, float64); TRL settings that contradict a loss are refused when the config is
+built; a 2-process torchrun run of the example script trains, in sync, on 2 processes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from rpg_ref.integrations.trl import SUPPORTED, RPGConfig, RPGTrainer
+from rpg_ref.interfaces import Batch
+from rpg_ref.logprobs import token_logprobs
+from rpg_ref.losses import LOSSES
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "trl" / "train_rpg_qwen3.py"
+_spec = importlib.util.spec_from_file_location("train_rpg_qwen3", EXAMPLE)
+example = sys.modules["train_rpg_qwen3"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)
+
+B, P, T, TEMPERATURE = 4, 4, 6, 0.7
+LENGTHS = [6, 3, 1, 5]  # response tokens per row (right padding after)
+
+
+def _batch(vocab: int, seed: int = 0, lengths=LENGTHS):
+    """TRL's inputs for one batch: no left padding (TRL passes no position ids, so both paths must
+    see positions 0..P+T-1), ragged responses, old and reference log-probs off the current ones
+    (filled in by _inputs) so that ratios straddle every clip bound."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(2, vocab, (B, P), generator=g)
+    completion = torch.randint(2, vocab, (B, T), generator=g)
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()  # [B, T]
+    completion = completion * mask                                          # pad id 0
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    noise = torch.randn(2, B, T, generator=g, dtype=torch.float64) * 0.4
+    return prompt, completion, mask, adv, noise
+
+
+def _rpg_ref_logp(model, prompt, completion, mask):
+    ids = torch.cat([prompt, completion], 1)
+    attn = torch.cat([torch.ones_like(prompt), mask], 1)
+    b = Batch(input_ids=ids, attention_mask=attn, position_ids=torch.arange(P + T).expand(B, -1),
+              mask=mask.to(torch.float64), rewards=torch.zeros(B), correct=torch.zeros(B, dtype=torch.bool))
+    return token_logprobs(model, b, TEMPERATURE)                                # [B, T]
+
+
+class Float64LogProbs(RPGTrainer):
+    """RPGTrainer whose log-probs are rpg_ref's (float64): TRL's own fused LM head always computes
+    in float32, so for an exact comparison both paths must read the same log-probs; that TRL's
+    agree with rpg_ref's to float32 rounding is test_trl_logprobs_match_rpg_ref."""
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                           **kwargs):
+        assert input_ids.shape == (B, P + T) and logits_to_keep == T
+        logp = _rpg_ref_logp(model, input_ids[:, :P], input_ids[:, P:], attention_mask[:, P:])
+        return logp, None, None
+
+
+def _trainer(tmp_path, cls=RPGTrainer, **opts):
+    """A float64 tiny Qwen3, loaded by TRL from a folder (so that with rpg_reference='model' TRL
+    loads its reference model from there too); TRL's CPU default bf16 autocast off."""
+    tok = example.toy_tokenizer()
+    example.tiny_model(tok).double().save_pretrained(tmp_path / "model")
+    args = RPGConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none",
+                     per_device_train_batch_size=B, num_generations=2, max_completion_length=T,
+                     temperature=TEMPERATURE, model_init_kwargs={"dtype": "auto"}, **opts)
+    return cls(model=str(tmp_path / "model"), reward_funcs=example.toy_reward, args=args,
+               train_dataset=example.toy_data(8), processing_class=tok)
+
+
+def test_trl_logprobs_match_rpg_ref(tmp_path):
+    """TRL's log-probs of a batch (its fused LM head, at the sampling temperature) equal
+    rpg_ref.logprobs.token_logprobs' on the response tokens up to float32 rounding (TRL's head
+    computes in float32): the two paths score the same tokens at the same positions."""
+    trainer = _trainer(tmp_path)
+    prompt, completion, mask, _, _ = _batch(trainer.model.config.vocab_size)
+    with torch.no_grad():
+        ids = torch.cat([prompt, completion], 1)
+        attn = torch.cat([torch.ones_like(prompt), mask], 1)
+        trl, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attn, T)
+        ref = _rpg_ref_logp(trainer.model, prompt, completion, mask)
+    assert trl.dtype == torch.float32
+    assert float(((trl.double() - ref) * mask).abs().max()) < 1e-5
+    assert float((ref * mask).abs().min(1).values.max()) > 0.1  # not trivially 0
+
+
+# (loss, RPGConfig options, rpg_ref's aggregation, factor TRL's loss_type puts on top)
+CASES = [
+    ("rpg-fkl", dict(loss_type="grpo", epsilon=0.1, epsilon_high=0.15), "seq-mean-token-mean", 1.0),
+    ("rpg-rkl", dict(importance_sampling_level="sequence", rpg_clip=False, loss_type="luspo"),
+     "seq-mean-token-sum", 1.0),
+    ("rpg-ufkl", dict(loss_type="dr_grpo", rpg_dual_clip_c=3.0), "seq-mean-token-sum", 1.0 / T),
+    ("rpg-urkl", dict(rpg_reference="model", beta=1e-2, rpg_beta=1e-2), "token-mean", 1.0),
+    ("rpg-reinforce-fkl", dict(importance_sampling_level="sequence", loss_type="grpo"),
+     "seq-mean-token-mean", 1.0),
+    ("rpg-reinforce-rkl", dict(loss_type="bnpo", rpg_dual_clip_c=float("inf")), "token-mean", 1.0),
+    ("rpg-reinforce-ufkl", dict(rpg_reference="model", beta=0.05, rpg_beta=0.05, loss_type="luspo"),
+     "seq-mean-token-sum", 1.0),
+    ("rpg-reinforce-urkl", dict(rpg_dual_clip_c=3.0), "token-mean", 1.0),
+    ("grpo", dict(rpg_reference="model", beta=0.04, rpg_beta=0.04), "token-mean", 1.0),
+    ("grpo-corrected", dict(loss_type="grpo"), "seq-mean-token-mean", 1.0),
+    ("dapo", dict(), "token-mean", 1.0),
+]
+
+
+def test_cases_cover_every_supported_loss():
+    """Every loss RPGTrainer accepts is checked for exactness below."""
+    assert sorted(c[0] for c in CASES) == sorted(SUPPORTED)
+    assert set(SUPPORTED) >= {n for n in LOSSES if n.startswith("rpg-")}
+
+
+@pytest.mark.parametrize("name,opts,agg,factor", CASES, ids=[c[0] for c in CASES])
+def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
+    """RPGTrainer.compute_loss on one batch (TRL's inputs dict) gives rpg_ref's loss
+    (rpg_ref.logprobs.token_logprobs + LOSSES[name] with the mapped options, aggregation `agg`,
+    times the constant of TRL's loss_type) and the same gradient for every parameter, float64, 1e-12."""
+    torch.manual_seed(0)
+    trainer = _trainer(tmp_path, Float64LogProbs, rpg_loss=name, **opts)
+    model, a = trainer.model, trainer.args
+    model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop at each step
+    prompt, completion, mask, adv, noise = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        logp = _rpg_ref_logp(model, prompt, completion, mask)
+    old, ref = logp + noise[0] * mask, logp + noise[1] * mask
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
+              "completion_mask": mask, "advantages": adv, "old_per_token_logps": old,
+              "num_items_in_batch": mask.sum()}
+    if a.rpg_reference == "model":
+        inputs["ref_per_token_logps"] = ref
+    model.zero_grad()
+    loss_trl = trainer.compute_loss(model, inputs)
+    loss_trl.backward()
+    grads_trl = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    clip = None if not a.rpg_clip else (a.epsilon, a.epsilon_high, a.rpg_dual_clip_c)
+    loss_ref, _ = LOSSES[name](_rpg_ref_logp(model, prompt, completion, mask), old, adv, mask,
+                               beta=a.rpg_beta, clip=clip, level=a.importance_sampling_level, agg=agg,
+                               ref_logp=ref if a.rpg_reference == "model" else None)
+    (loss_ref * factor).backward()
+    assert loss_trl.dtype == torch.float64
+    assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12 * max(1.0, abs(loss_ref.item()))
+    gmax = max(float(p.grad.abs().max()) for p in model.parameters())
+    assert gmax > 0
+    for p, g in zip(model.parameters(), grads_trl):
+        assert torch.allclose(g, p.grad, rtol=0, atol=1e-12 * max(1.0, gmax))
+
+
+def _torchrun_example(tmp_path, *extra):
+    """The example script on the toy task under torchrun with 2 processes (about 10 s)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(EXAMPLE), "--tiny", "--output_dir", str(tmp_path / "out"), "--max_steps", "2",
+           "--per_device_train_batch_size", "4", "--num_generations", "4",
+           "--max_completion_length", "6", "--steps_per_generation", "2", "--learning_rate", "1e-3",
+           "--rpg_beta", "0.01", "--report_to", "none", "--save_strategy", "no", *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path)
+
+
+def test_trl_trains_on_two_processes(tmp_path):
+    """`torchrun --nproc_per_node 2` of examples/trl/train_rpg_qwen3.py --tiny --use_cpu trains an
+    rpg loss with TRL on 2 processes: each process reports num_processes 2 and a distributed run
+    (MULTI_CPU), the ranks are 0 and 1, the weights changed, and both replicas end identical.
+    Two optimizer steps per generated batch, so the second update is off-policy (pi_old kept)."""
+    run = _torchrun_example(tmp_path, "--use_cpu")
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = re.findall(r"rank \d+ of \d+ \((\w+)\): (\{[^{}]*\})", run.stdout)
+    assert len(found) == 2, run.stdout[-3000:]
+    reports = [json.loads(report) for _, report in found]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert all(r["num_processes"] == 2 for r in reports)
+    assert [kind for kind, _ in found] == ["MULTI_CPU", "MULTI_CPU"]
+    assert all(r["weight_change"] > 1e-3 for r in reports)
+    assert reports[0]["checksum"] == reports[1]["checksum"]
+
+
+def test_trl_torchrun_without_use_cpu_is_refused(tmp_path):
+    """Under torchrun on CPU without use_cpu=True each process would train alone (accelerate sees
+    one process): RPGTrainer stops, before training, with one line naming the fix instead."""
+    run = _torchrun_example(tmp_path, "--bf16", "False")  # bf16 on CPU fails in TRL before that
+    assert run.returncode != 0
+    msg = "error: 2 processes were launched but accelerate sees 1: on CPU set use_cpu=True"
+    assert msg in run.stderr
+    assert "Traceback" not in run.stderr.split(msg)[0]  # (torchrun's own report follows it)
+
+
+BAD = [  # (RPGConfig options, what the one-line error says)
+    (dict(rpg_loss="reinforce++"), "its KL is in a token-level reward"),
+    (dict(rpg_loss="no-such-loss"), "cannot run in TRL; choose one of"),
+    (dict(beta=0.04), "with rpg_reference='old' (pi_ref = pi_old, the paper) set beta=0"),
+    (dict(rpg_reference="model"), "set beta = rpg_beta (got beta=0.0, rpg_beta=0.0001)"),
+    (dict(rpg_reference="init"), "rpg_reference must be one of"),
+    (dict(loss_type="cispo"), "loss_type 'cispo' is a loss of its own"),
+    (dict(loss_type="sapo"), "loss_type 'sapo' is a loss of its own"),
+    (dict(delta=2.0), "delta=2.0 is not supported"),
+    (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold=0.5 is not supported"),
+    (dict(top_entropy_quantile=0.2), "top_entropy_quantile=0.2 is not supported"),
+    (dict(entropy_coef=0.01), "entropy_coef=0.01 is not supported"),
+    (dict(use_vllm=True), "vllm_importance_sampling_correction=True is not supported"),
+    (dict(rpg_dual_clip_c=1.0), "dual-clip c must be > 1"),
+    (dict(epsilon=1.5), "eps_low must be in (0, 1)"),
+    (dict(rpg_beta=-1.0), "beta must be a finite number >= 0"),
+    (dict(rpg_loss="dapo", rpg_beta=0.1), "dapo has no KL term"),
+    (dict(rpg_loss="grpo", rpg_clip=False), "grpo is a PPO-type loss that always clips"),
+]
+
+
+@pytest.mark.parametrize("opts,message", BAD, ids=[m[:30] for _, m in BAD])
+def test_rpg_config_refuses_contradicting_trl_settings(tmp_path, opts, message):
+    """A TRL setting that contradicts the rpg loss is refused when RPGConfig is built (before a
+    model is loaded), with one line naming the setting and the fix."""
+    with pytest.raises(ValueError) as err:
+        RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **opts)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rpg_config_defaults_are_the_papers(tmp_path):
+    """Defaults (app:detailed_exp_setup_choices and the released scripts): beta 1e-4,
+    (eps_low, eps_high, c) = (0.2, 0.28, 10), pi_ref = pi_old with no TRL reference model, the
+    advantage R - group mean (scale_rewards 'none'), token-mean (loss_type 'dapo'); grpo keeps
+    its own (0.2, 0.2, no dual bound) and TRL's std-scaled advantage; dapo has beta 0."""
+    from rpg_ref.integrations.trl import rpg_clip
+
+    def cfg(**kw):
+        return RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+    a = cfg()
+    assert (a.rpg_loss, a.rpg_beta, a.beta, a.rpg_reference) == ("rpg-reinforce-urkl", 1e-4, 0.0, "old")
+    assert rpg_clip(a) == (0.2, 0.28, 10.0) and a.scale_rewards == "none" and a.loss_type == "dapo"
+    g = cfg(rpg_loss="grpo")
+    assert rpg_clip(g) == (0.2, 0.2, None) and g.scale_rewards == "group"
+    d = cfg(rpg_loss="dapo")
+    assert rpg_clip(d) == (0.2, 0.28, None) and d.rpg_beta == 0.0
+    assert rpg_clip(cfg(epsilon_high=0.3, rpg_dual_clip_c=float("inf"))) == (0.2, 0.3, None)
+
+
+
+def test_dapo_normalization_is_the_global_token_mean():
+    """loss_type='dapo' (TRL's default): 2 processes x 2 micro-batches, each process's gradient
+    the sum over its micro-batches of d(rpg token-mean x trl_scale), averaged over processes as
+    DDP does, equals the gradient of rpg_ref's token-mean over the union batch (float64, 1e-12),
+    with TRL's default steps_per_generation = gradient_accumulation_steps."""
+    from rpg_ref.integrations.trl import trl_scale
+    g = torch.Generator().manual_seed(1)
+    n, t = 16, 7
+    logp = (-torch.rand(n, t, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    old = (logp + 0.3 * torch.randn(n, t, generator=g, dtype=torch.float64)).detach()
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    mask = (torch.arange(t)[None] < torch.randint(1, t + 1, (n,), generator=g)[:, None]).double()
+    opts = dict(beta=0.01, clip=(0.2, 0.28, 3.0))
+    fn = LOSSES["rpg-reinforce-urkl"]
+    (ref_grad,) = torch.autograd.grad(fn(logp, old, adv, mask, **opts)[0], logp)
+    total = torch.zeros_like(logp)
+    for rows in torch.arange(n).view(2, 2, -1).reshape(4, -1):     # (process, micro-batch) slices
+        loss, _ = fn(logp[rows], old[rows], adv[rows], mask[rows], **opts)
+        scale = trl_scale("dapo", n_tokens=float(mask[rows].sum()), rows_kept=len(rows), rows=len(rows),
+                          num_items_in_batch=mask.sum(), num_processes=2, accumulation=2,
+                          steps_per_generation=2, max_completion_length=t)
+        total += torch.autograd.grad(loss * scale, logp)[0] / 2      # DDP: mean over processes
+    assert float(ref_grad.abs().max()) > 0
+    assert torch.allclose(total, ref_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_trl_empty_rows_count_as_in_trl(tmp_path, loss_type):
+    """A response with no loss token (TRL's mask_truncated_completions) adds nothing and, for
+    TRL's per-row means, still counts as a row: the loss is rpg_ref's over the 3 other rows,
+    times 3/4 for the row means (grpo, dr_grpo), with dr_grpo's 1/max_completion_length."""
+    trainer = _trainer(tmp_path, Float64LogProbs, rpg_loss="rpg-reinforce-rkl", loss_type=loss_type)
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    prompt, completion, mask, adv, noise = _batch(model.config.vocab_size, lengths=[6, 0, 2, 5])
+    with torch.no_grad():
+        old = _rpg_ref_logp(model, prompt, completion, mask) + noise[0] * mask
+    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
+              "completion_mask": mask, "advantages": adv, "old_per_token_logps": old,
+              "num_items_in_batch": mask.sum()}
+    loss_trl = trainer.compute_loss(model, inputs)
+    keep = torch.tensor([0, 2, 3])
+    agg = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum"}
+    factor = {"dapo": 1.0, "grpo": 3 / 4, "dr_grpo": 3 / 4 / T}[loss_type]
+    logp = _rpg_ref_logp(model, prompt, completion, mask)
+    loss_ref, _ = LOSSES["rpg-reinforce-rkl"](logp[keep], old[keep], adv[keep], mask[keep], beta=1e-4,
+                                              clip=(0.2, 0.28, 10.0), agg=agg[loss_type])
+    assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12
+    assert abs(loss_ref.item()) > 1e-3
+
+
+@pytest.mark.parametrize("schedule", [dict(num_iterations=2), dict(steps_per_generation=2)])
+def test_trl_iterative_reference_is_the_rollout_policy(tmp_path, schedule):
+    """pi_ref = pi_old in TRL's terms: a batch that serves two updates (num_iterations=2, or two
+    optimizer steps per generation) is scored at the second update against the policy that
+    generated it. Update 1: pi_theta = pi_old exactly (ratio 1, KL(pi_theta || pi_old) = 0);
+    update 2: the ratio moved off 1 and the KL to pi_old is positive, so pi_old was held fixed
+    while pi_theta changed."""
+    tok = example.toy_tokenizer()
+    args = RPGConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none",
+                     per_device_train_batch_size=8, num_generations=4, max_completion_length=6,
+                     learning_rate=1e-2, max_steps=2, logging_steps=1, save_strategy="no",
+                     rpg_beta=0.01, **schedule)
+    trainer = RPGTrainer(model=example.tiny_model(tok), reward_funcs=example.toy_reward, args=args,
+                         train_dataset=example.toy_data(16), processing_class=tok)
+    trainer.train()
+    logs = [x for x in trainer.state.log_history if "rpg/kl_old" in x]
+    assert len(logs) == 2
+    assert logs[0]["rpg/kl_old"] < 1e-10
+    assert logs[1]["rpg/kl_old"] > 1e-6
