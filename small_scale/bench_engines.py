@@ -79,7 +79,7 @@ def run(model_name: str, args) -> dict:
         assert out.shape == (len(prompts) * G, ids.shape[1] + T)
     secs["transformers generate"] = timed(plain)
 
-    vllm = VLLMEngine(model, task, NS(seed=0, engine_options={}))
+    vllm = VLLMEngine(model, task, NS(seed=0, engine_options={"max_model_len": args.prompt_max + T}))
     try:
         secs["vLLM engine"] = timed(lambda: vllm.generate(prompts, G, 1.0, 1.0, T))
     finally:

@@ -412,7 +412,8 @@ class VLLMEngine:
                                  "mode: 1 offloads weights to CPU and drops the KV cache; 2 drops both"})
         verify_tol: float = field(default=0.0, metadata={"help": "max mean |log-prob diff| vLLM vs trainer "
                                   "on the probe after a sync (0: 1e-4 for a float32 engine, else 0.05)"})
-        max_model_len: int = field(default=0, metadata={"help": "vLLM context length (0: the model's)"})
+        max_model_len: int = field(default=0, metadata={"help": "vLLM context length (0: the task's prompt "
+                                   "budget, else 2048, + the longest generation, at most the model's)"})
         bucket_mb: int = field(default=512, metadata={"help": "weight-sync bucket size in MiB (the trainer's "
                                "extra memory while casting and writing the weights)"})
 
@@ -429,7 +430,7 @@ class VLLMEngine:
             if not (self.verify_tol >= 0 and math.isfinite(self.verify_tol)):
                 bad.append(f"--vllm-verify-tol must be >= 0 (0: automatic), got {self.verify_tol}")
             if self.max_model_len < 0:
-                bad.append(f"--vllm-max-model-len must be >= 0 (0: the model's), got {self.max_model_len}")
+                bad.append(f"--vllm-max-model-len must be >= 0 (0: automatic), got {self.max_model_len}")
             if self.bucket_mb < 1:
                 bad.append(f"--vllm-bucket-mb must be >= 1, got {self.bucket_mb}")
             if bad:
@@ -457,7 +458,8 @@ class VLLMEngine:
         self.llm = vllm.LLM(
             model=path, dtype=str(self.dtype).removeprefix("torch."), seed=self.seed,
             enforce_eager=eager, enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
-            gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=opt.max_model_len or None,
+            gpu_memory_utilization=opt.gpu_memory_utilization,
+            max_model_len=opt.max_model_len or _context_length(_hf_module(policy), cfg),
             worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
             logprobs_mode="processed_logprobs")
         tol = opt.verify_tol or (1e-4 if str(self.dtype) == "torch.float32" else 0.05)
@@ -555,6 +557,18 @@ def _engine_dtype(name: str, policy, platform):
                          f"{[str(d).removeprefix('torch.') for d in platform.supported_dtypes]}, not "
                          f"{str(dt).removeprefix('torch.')}: pass one of those")
     return dt
+
+
+def _context_length(model, cfg) -> int | None:
+    """The longest sequence a run asks for (the KV cache vLLM must hold for one): the task's
+    prompt budget (else 2048) + the longest generation, at most the model's own length."""
+    task_opt = getattr(cfg, "task_options", {}) or {}
+    new = max(int(getattr(cfg, "max_new_tokens", 0) or 0), int(task_opt.get("eval_max_new_tokens", 0) or 0))
+    if not new:
+        return None  # no generation length known (rpg-eval): the model's own
+    want = int(task_opt.get("max_prompt_tokens", 0) or 2048) + new
+    own = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(want, own) if own else want
 
 
 def _shm_dir(need_bytes: int) -> str | None:
