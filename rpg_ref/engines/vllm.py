@@ -4,7 +4,7 @@ Supported vLLM: SUPPORTED_VLLM (docs/vllm.md says which builds ran). What the en
     LLM(model, dtype, seed, enforce_eager, enable_sleep_mode, skip_tokenizer_init=True,
         worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension", logprobs_mode="processed_logprobs")
     llm.generate(TokensPrompt(prompt_token_ids), SamplingParams(n, temperature, top_p, max_tokens,
-                 logprobs=0, stop_token_ids=[eos]))     # logprobs=0: the sampled token's log-prob only
+                 logprobs=0, stop_token_ids=[eos], seed))  # logprobs=0: the sampled token's log-prob only
     llm.collective_rpc("rpg_*")                          # RPGWorkerExtension, in vLLM's worker process
     llm.sleep(level) / llm.wake_up(tags)                 # only where the platform has sleep mode
     llm.reset_prefix_cache()                             # cached KV of the old weights is invalid
@@ -22,11 +22,13 @@ Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses
                (support_static_graph_mode(): CUDA/ROCm/XPU capture graphs, the CPU does not)
     sleep      sleep mode where current_platform.is_sleep_mode_available(); elsewhere sleep() and
                wake() keep both weights and KV cache (the CPU: nothing to free for a trainer there)
-    seeds      no per-request seeds: before each generate call the worker's global generator is
-               seeded from the run's seed and the call's prompts (generate_pairs), so a resumed
-               run draws what the uninterrupted run drew.
-               Per-request seeds crash vLLM on the CPU once chunked prefill splits a prompt
-               ("CPU Generator does not use offset"); the global generator has no such path.
+    seeds      per-request seeds from the run's seed and the call's prompts (generate_pairs): a
+               response's draws depend on its request only, not on what ran before in the engine
+               or beside it in the batch, so a resumed run samples what the uninterrupted one did
+               (vLLM's global generator does not give that: its draws depend on the history).
+    prefill    whole: chunked prefill off and a token budget of at least the context length. When
+               chunked prefill splits a prompt, vLLM rewinds that request's seeded generator,
+               which CPU generators cannot do ("CPU Generator does not use offset").
 
 Weight sync (sync_weights). The trainer's parameters, cast to the engine dtype, are written in
 buckets of --vllm-bucket-mb to safetensors files (in /dev/shm where it has room), then ONE call in
@@ -339,10 +341,6 @@ class RPGWorkerExtension:
         return {n: weights_checksum([p]) for n, p in self.model_runner.get_model().named_parameters()
                 if p.numel() > 0}
 
-    def rpg_seed(self, seed: int) -> None:
-        import torch
-        torch.manual_seed(seed)  # the sampler's generator (CUDA's too): a call's draws depend on seed only
-
 
 class _VLLMBackend:
     """EngineStateMachine's calls on a vllm.LLM."""
@@ -376,11 +374,12 @@ class _VLLMBackend:
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens, seed, eos_id):
         from vllm import SamplingParams
-        self.llm.collective_rpc("rpg_seed", args=(seed,))
-        sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                            logprobs=0, stop_token_ids=[] if eos_id is None else [eos_id],
-                            ignore_eos=eos_id is None, detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                              logprobs=0, stop_token_ids=[] if eos_id is None else [eos_id],
+                              ignore_eos=eos_id is None, detokenize=False,
+                              seed=(seed + 7_919 * i) % 2**31)  # vLLM gives the n copies seed + j
+               for i in range(len(prompts))]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False)
         return outputs_to_pairs(outs, n, eos_id)
 
 
@@ -454,12 +453,13 @@ class VLLMEngine:
         self.probe = probe_ids(vocab)
         self.sleep_mode = platform.is_sleep_mode_available()
         eager = {"on": True, "off": False}.get(opt.enforce_eager, not platform.support_static_graph_mode())
+        max_len = opt.max_model_len or _context_length(_hf_module(policy), cfg)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM in its own process: module docstring
         self.llm = vllm.LLM(
             model=path, dtype=str(self.dtype).removeprefix("torch."), seed=self.seed,
             enforce_eager=eager, enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
-            gpu_memory_utilization=opt.gpu_memory_utilization,
-            max_model_len=opt.max_model_len or _context_length(_hf_module(policy), cfg),
+            gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 4096),
             worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
             logprobs_mode="processed_logprobs")
         tol = opt.verify_tol or (1e-4 if str(self.dtype) == "torch.float32" else 0.05)
@@ -559,14 +559,12 @@ def _engine_dtype(name: str, policy, platform):
     return dt
 
 
-def _context_length(model, cfg) -> int | None:
+def _context_length(model, cfg) -> int:
     """The longest sequence a run asks for (the KV cache vLLM must hold for one): the task's
-    prompt budget (else 2048) + the longest generation, at most the model's own length."""
+    prompt budget (else 2048) + the longest generation (else 2048), at most the model's own."""
     task_opt = getattr(cfg, "task_options", {}) or {}
     new = max(int(getattr(cfg, "max_new_tokens", 0) or 0), int(task_opt.get("eval_max_new_tokens", 0) or 0))
-    if not new:
-        return None  # no generation length known (rpg-eval): the model's own
-    want = int(task_opt.get("max_prompt_tokens", 0) or 2048) + new
+    want = int(task_opt.get("max_prompt_tokens", 0) or 2048) + (new or 2048)
     own = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return min(want, own) if own else want
 
