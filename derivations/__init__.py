@@ -9,11 +9,23 @@ them in report order. A check returns one row {id, label, claim, symbolic, exact
 mc_max_z, passed, seconds, status, detail}; tests/test_derivations.py calls the same functions.
 """
 
-from . import clipping, gpg, grpo_kl, k3, npg, offpolicy, tables, token_sequence, variance  # noqa: F401
+from . import (  # noqa: F401
+    clipping,
+    gpg,
+    grpo_kl,
+    k3,
+    npg,
+    offpolicy,
+    rollout_correction,
+    tables,
+    token_sequence,
+    variance,
+)
 from ._core import CHECKS
 
-# report order: items 1-9 (the math), then 10 (the results tables); registration order within a module
-_ORDER = ("gpg", "offpolicy", "k3", "grpo_kl", "variance", "npg", "clipping", "token_sequence", "tables")
+# report order: items 1-9 and 11 (the math), then 10 (the results tables); registration order within a module
+_ORDER = ("gpg", "offpolicy", "k3", "grpo_kl", "variance", "npg", "clipping", "token_sequence",
+          "rollout_correction", "tables")
 CHECKS.sort(key=lambda c: _ORDER.index(c.__module__.rsplit(".", 1)[1]))
 
 __all__ = ["CHECKS", "run_all"]

@@ -1,18 +1,20 @@
-"""Item 8: clipping (alg:offpolicy_rpg_ppo_dualclip, alg:offpolicy_rpg_rf_ppo_dualclip_v1,
-subsec:rpg_style_clip, subsec:rpg_style_clip_reinforce, subsec:offpolicy_reinforce_stabilization).
+"""Item 8: clipping (Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip), Algorithm 2
+(alg:offpolicy_rpg_rf_ppo_dualclip_v1), Section 3.3 (subsec:rpg_style_clip), Section 4.1
+(subsec:rpg_style_clip_reinforce), Appendix G.2 (subsec:offpolicy_reinforce_stabilization)).
 
 Every per-sample loss here depends on theta only through log pi_theta(x), so its gradient is
 coef * grad log pi_theta(x) with coef = d loss / d log pi_theta(x): comparing descriptions means
 comparing coef as a function of w on each segment. The descriptions of RPG-Style Clip:
 
-  A  subsec:rpg_style_clip (l.433-447): the dual-clip max/min form with the *differentiable*
-     A_hat(x; theta) (A_hat_URKL = (R-b) - beta log w, A_hat_RKL = (R-b) - beta (log w + 1));
-  B  subsec:rpg_style_clip_reinforce (l.600-604): -C(w, SG(A_hat)) log pi_theta, C = the dual-clip
-     objective; as written w is not under SG.  B': the same with SG(C(w, SG(A_hat))) (the remark of
-     l.1319: "replacing w with w-bar ... inside SG");
-  C  Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v1 (l.1501-1556), line by line;
-  D  subsec:offpolicy_reinforce_stabilization (l.1471-1489): PPO dual clip with SG(A_hat), gradient
-     through w, which the text says Algorithm C "details".
+  A  Section 3.3 (subsec:rpg_style_clip) (l.433-447): the dual-clip max/min form with the
+     *differentiable* A_hat(x; theta) (A_hat_URKL = (R-b) - beta log w,
+     A_hat_RKL = (R-b) - beta (log w + 1));
+  B  Section 4.1 (subsec:rpg_style_clip_reinforce) (l.600-604): -C(w, SG(A_hat)) log pi_theta,
+     C = the dual-clip objective; as written w is not under SG.  B': the same with
+     SG(C(w, SG(A_hat))) (the remark of l.1319: "replacing w with w-bar ... inside SG");
+  C  Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1) (l.1501-1556), line by line;
+  D  Appendix G.2 (subsec:offpolicy_reinforce_stabilization) (l.1471-1489): PPO dual clip with
+     SG(A_hat), gradient through w, which the text says Algorithm C "details".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Item 1: the generalized policy gradient theorem (thm:generalized_policy_gradient_theorem),
+"""Item 1: the generalized policy gradient theorem, Proposition 2.1
+(thm:generalized_policy_gradient_theorem),
 
     grad E_{x~pi_theta}[f(x, theta)] = E_{x~pi_theta}[f(x, theta) grad log pi_theta(x) + grad f(x, theta)],
 

@@ -1,4 +1,4 @@
-"""Item 5: GRPO's KL term (subsec:grpo_main).
+"""Item 5: GRPO's KL term (Section 2.2 (subsec:grpo_main)).
 
 Published per-token term, x ~ pi_old, no importance weight:   beta * k3(pi_ref(x)/pi_theta(x))
 Its exact expected gradient (derived and checked symbolically below):

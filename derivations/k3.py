@@ -1,7 +1,8 @@
-"""Item 4: the k3 estimator equals the unnormalized KL (remark:k3_connection_main,
-app:k3_ukl_connection), in both directions:
+"""Item 4: the k3 estimator equals the unnormalized KL (Remark 3.5 (remark:k3_connection_main),
+Appendix D (app:k3_ukl_connection)), in both directions:
 
-    E_{x~q}[k3(p(x)/q(x))] = UKL(q || p),    k3(y) = y - 1 - log y   (eq:k3_func_estimators_main)
+    E_{x~q}[k3(p(x)/q(x))] = UKL(q || p),    k3(y) = y - 1 - log y   (Eq. (3.2)
+    (eq:k3_func_estimators_main))
 
 for positive measures p, q of any mass (E_{x~q}[f] := sum_x q(x) f(x), i.e. Z_q E_{q/Z_q}[f]).
 Forward: q = pi_old, p = pi_theta; reverse: q = pi_theta, p = pi_old.

@@ -1,13 +1,15 @@
-"""Item 7: RPG and natural policy gradient (app:rpg_npg_connection).
+"""Item 7: RPG and natural policy gradient (Appendix B (app:rpg_npg_connection)).
 
 Claims: KL(pi_k || pi_theta) = 1/2 dtheta^T F dtheta + O(|dtheta|^3) with F the Fisher matrix
-(eq:gu0003); the maximizer of the quadratic surrogate eq:gu0004 is (1/beta) F^{-1} grad J.
+(Eq. (B.4) (eq:gu0003)); the maximizer of the quadratic surrogate Eq. (B.5) (eq:gu0004) is (1/beta)
+F^{-1} grad J.
 
 For a softmax, F = diag(p) - p p^T is singular (F 1 = 0: shifting all logits changes nothing),
 so F^{-1} does not exist; we use the pseudo-inverse F^+, which gives the minimum-norm maximizer
 (every maximizer differs from it by a multiple of 1). Numerically: the exact maximizer of
 J(theta) - beta KL(pi_k || pi_theta) (Newton's method on the closed form; that the expected
-rpg-fkl loss of rpg_ref.losses is stationary there is checked), satisfies beta * dtheta* -> F^+ grad J as beta grows, with error O(1/beta).
+rpg-fkl loss of rpg_ref.losses is stationary there is checked), satisfies beta * dtheta* -> F^+ grad
+J as beta grows, with error O(1/beta).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from ._core import DTYPE, Checker, SymSoftmax, claim, cosine, expected_loss_grad
 
 
 def regularized_objective(theta, theta_k, R, beta):
-    """J(theta) - beta KL(pi_k || pi_theta), J = sum_x pi_theta(x) R(x) (eq:gu0001), closed form."""
+    """J(theta) - beta KL(pi_k || pi_theta), J = sum_x pi_theta(x) R(x) (Eq. (B.1) (eq:gu0001)),
+    closed form."""
     lp, lk = torch.log_softmax(theta, -1), torch.log_softmax(theta_k, -1)
     return (lp.exp() * R).sum() - beta * (lk.exp() * (lk - lp)).sum()
 

@@ -1,6 +1,7 @@
 """Items 2 and 3: the off-policy gradients and surrogate losses of the four KL forms
-(tab:off-policy-loss, tab:off-policy-loss-normalized, tab:off-policy-loss-reinforce and their
-propositions), as printed, with a general unnormalized pi_old of mass Z_old.
+(Table 1 (tab:off-policy-loss), Table 4 (tab:off-policy-loss-normalized), Table 2
+(tab:off-policy-loss-reinforce) and their propositions), as printed, with a general unnormalized
+pi_old of mass Z_old.
 
 For each form (paper.PAPER) three statements are checked:
   (G) grad J = E[W(x) grad log pi_theta(x)]           the proposition's gradient

@@ -24,8 +24,9 @@ import torch
 class PaperForm:
     """One divergence's off-policy gradient and losses as printed in the paper.
 
-    sampling: "tilde" -> the expectation is over x ~ pi_old / Z_old (tab:off-policy-loss);
-              "old"   -> over x ~ pi_old, stated for normalized pi_old (tab:off-policy-loss-normalized).
+    sampling: "tilde" -> the expectation is over x ~ pi_old / Z_old (Table 1 (tab:off-policy-loss));
+              "old"   -> over x ~ pi_old, stated for normalized pi_old (Table 4
+              (tab:off-policy-loss-normalized)).
     grad_weight: W(x) in grad J = E[W(x) grad log pi_theta(x)]          (the proposition)
     loss:        l(x) in L = E[l(x)]                                    (the table / proposition)
     rf_weight:   V(x) in L_RF = -E[SG(V(x)) log pi_theta(x)]             (REINFORCE-style)
@@ -124,8 +125,8 @@ def clip_w(w, lo, hi):
 
 
 def dualclip_loss(w, A, eps1, eps2, c):
-    """sec:more_on_algorithms l.1380-1384 (and subsec:rpg_style_clip l.439-447):
-    A >= 0: max(-w A, -clip(w) A);  A < 0: min(max(-w A, -clip(w) A), -c A)."""
+    """Appendix G (sec:more_on_algorithms) l.1380-1384 (and Section 3.3 (subsec:rpg_style_clip)
+    l.439-447): A >= 0: max(-w A, -clip(w) A);  A < 0: min(max(-w A, -clip(w) A), -c A)."""
     lclip = torch.maximum(-w * A, -clip_w(w, 1 - eps1, 1 + eps2) * A)
     return torch.where(A >= 0, lclip, torch.minimum(lclip, -c * A))
 
@@ -136,8 +137,9 @@ def dualclip_objective(w, A, eps1, eps2, c):
 
 
 def ahat_paper(div: str, A_R, lw, b):
-    """The regularized advantage examples of subsec:rpg_style_clip l.433 and
-    alg:offpolicy_rpg_ppo_dualclip l.1423, sec:more_on_algorithms l.1397, subsec:offpolicy_reinforce_stabilization l.1465-1467."""
+    """The regularized advantage examples of Section 3.3 (subsec:rpg_style_clip) l.433 and
+    Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip) l.1423, Appendix G (sec:more_on_algorithms) l.1397,
+    Appendix G.2 (subsec:offpolicy_reinforce_stabilization) l.1465-1467."""
     if div == "urkl":
         return A_R - b * lw
     if div == "rkl":
@@ -146,14 +148,15 @@ def ahat_paper(div: str, A_R, lw, b):
 
 
 def kl_component(div: str, w, lw, b):
-    """C_KL of alg:offpolicy_rpg_rf_ppo_dualclip_v1: the KL part of the REINFORCE weight, so that
-    w A_R + C_KL = Weight (prop:offpolicy_reinforce_loss_*; Z_old dropped as in l.1466)."""
+    """C_KL of Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1): the KL part of the REINFORCE
+    weight, so that w A_R + C_KL = Weight (prop:offpolicy_reinforce_loss_*; Z_old dropped as in
+    l.1466)."""
     return {"fkl": b + 0 * w, "ufkl": -b * (w - 1), "rkl": -b * w * (lw + 1), "urkl": -b * w * lw}[div]
 
 
 def alg2_loss(logpi, old_logp, A_R, div, b, eps1, eps2, c):
-    """alg:offpolicy_rpg_rf_ppo_dualclip_v1 (l.1517-1541), line by line, for one sample.
-    logpi is differentiable; SG = detach."""
+    """Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1) (l.1517-1541), line by line, for one
+    sample. logpi is differentiable; SG = detach."""
     SG = lambda t: t.detach()
     w = torch.exp(logpi - old_logp)
     ell = -logpi

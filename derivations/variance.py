@@ -1,4 +1,4 @@
-"""Item 6: normalized vs unnormalized KL (app:normalized_kl) for a normalized policy.
+"""Item 6: normalized vs unnormalized KL (Appendix E (app:normalized_kl)) for a normalized policy.
 
 For normalized pi_theta, UKL(pi_old||pi_theta) = KL(pi_old||pi_theta) + 1 - Z_old and
 UKL(pi_theta||pi_old) = KL(pi_theta||pi_old) + Z_old - 1: the objectives differ by constants, so

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rpg_ref.losses import check_beta
+from rpg_ref.loss_spec import check_beta
 
 __all__ = [
     "ADVANTAGES",

@@ -55,18 +55,29 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
     then delete all but the latest ``keep`` checkpoints (0: keep all)."""
     from safetensors.torch import save_model
 
+    from rpg_ref import distributed as D
+
+    rng = {**rng_state(), "prompt_gen": gen.get_state()}
+    full = D.full_states(policy, ref, opt, rng)  # torchrun: gathered by every rank; else None
+    if not D.is_main():
+        return
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(policy, str(tmp / "model.safetensors"))
-    if ref is not None:
-        save_model(ref, str(tmp / "ref.safetensors"))
-    torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    torch.save({**rng_state(), "prompt_gen": gen.get_state()}, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "config": dataclasses.asdict(cfg)}))
+    if full is None:
+        save_model(policy, str(tmp / "model.safetensors"))
+        if ref is not None:
+            save_model(ref, str(tmp / "ref.safetensors"))
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+        torch.save(rng, tmp / "rng.pt")
+    else:  # the full state of a sharded run (rpg_ref.distributed.full_states)
+        for name, content in full.items():
+            (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "config": dataclasses.asdict(cfg),
+                                                "world_size": D.world()}))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     atomic_write(root / "LATEST", final.name)
@@ -92,6 +103,13 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
     if not (root / "LATEST").exists():
         return 0
     ck = root / (root / "LATEST").read_text().strip()
+    from rpg_ref import distributed as D
+
+    if D.active():  # a sharded run: every rank loads its shards (rpg_ref.distributed)
+        st = D.load_full_states(ck, policy, ref, opt)
+        set_rng_state(st)
+        gen.set_state(st["prompt_gen"])
+        return json.loads((ck / "state.json").read_text())["step"]
     dev = str(next(policy.parameters()).device)
     load_model(policy, str(ck / "model.safetensors"), device=dev)
     if ref is not None:

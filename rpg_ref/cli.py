@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import rpg_ref.losses as L
+from rpg_ref import distributed as D
 from rpg_ref.checkpoint import latest_step
 from rpg_ref.config import DEFAULT_PRESET, PRESETS, Config, fill_options, preset_for, validate
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.train import finished, prepare, train
 
-RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints")
+RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints",
+                     "dist_timeout")
 
 
 def _cli_type(tp) -> Any:
@@ -164,7 +166,18 @@ def main(argv: list | None = None) -> int:
     if run is None:
         print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
               f"(pass --steps N to extend it)")
-    s = train(cfg, run)
+    try:
+        s = train(cfg, run)
+    except Exception as e:
+        if not D.peer_failure(e):
+            raise
+        print(f"rpg-train: rank {D.rank()} stopped: another rank died or stopped responding "
+              f"({str(e).splitlines()[0][:160]}); torchrun's report names the rank that failed first",
+              file=sys.stderr)
+        return 1
+    D.shutdown()
+    if not D.is_main():
+        return 0
     f = s["final"]
     print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
           f"accuracy={f.get('accuracy', float('nan')):.3f}"

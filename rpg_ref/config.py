@@ -2,9 +2,9 @@
 
 Each field's ``help`` is its --help text (rpg_ref/cli.py builds the parser from this dataclass).
 A preset holds only the values that differ from the dataclass defaults; options of a task or an
-engine are written "<task>_<option>". Rules about a loss's own options (clip, beta, level, agg)
-live in rpg_ref.losses (``check_options``, ``loss_beta``, ``default_beta``) and are called here,
-not restated; ``validate`` states every other rule once.
+engine are written "<task>_<option>". A loss's own options (beta, clip, level, agg) are resolved
+and checked once by rpg_ref.losses.run_options (``loss_options``: the frozen value the loop passes
+to every loss call); ``validate`` states every other rule once.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import rpg_ref.losses as L
+import rpg_ref.rollout_correction as RC
 from rpg_ref.advantages import ADVANTAGES, GROUP_ESTIMATORS
 from rpg_ref.registry import ENGINES, TASKS, resolve
 
@@ -44,6 +45,8 @@ class Config:
     steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer loop")
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
     threads: int = _f(0, "torch CPU threads (0 = torch's default; 1 is fastest for tiny models)")
+    dist_timeout: float = _f(1800.0, "under torchrun: seconds a rank waits in a collective before the "
+                             "run stops with an error (a hung rank; a dead one stops it at once)")
     cache_dir: str = _f("runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)")
     # --- algorithm ---
     algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.losses.LOSSES")
@@ -73,6 +76,12 @@ class Config:
                               "-overlong_penalty over the last this-many tokens before "
                               "max_new_tokens (0 = off)")
     overlong_penalty: float = _f(1.0, "size of the overlong penalty at max_new_tokens")
+    rollout_correction: str = _f("none", "weight each sample's loss by pi_old / pi_sampler from the "
+                                 "engine's log-probs: 'none', 'tis' (truncated at the cap) or 'mis' "
+                                 "(masked to 0 above the cap); docs/rollout_correction.md")
+    rollout_correction_level: str = _f("token", "importance weight per 'token' (biased, low variance) "
+                                       "or per 'sequence' (exact without a cap)")
+    rollout_correction_cap: float = _f(2.0, "cap C >= 1 on the weight pi_old / pi_sampler (inf = no cap)")
     # --- update ---
     mini_batch_size: int = _f(32, "responses per optimizer step")
     micro_batch_size: int = _f(0, "responses per forward/backward (gradient accumulation); 0 = mini-batch")
@@ -198,17 +207,15 @@ def preset_for(task: str | None, preset: str | None) -> str:
 # =============================================================================================
 
 
-def resolved_clip(cfg: Config) -> tuple | None:
-    """The clip handed to the loss: (eps_low, eps_high, c or None), or None (the loss's default)."""
-    return None if cfg.no_clip else L.parse_clip(cfg.clip)
+def loss_options(cfg: Config) -> L.LossOptions:
+    """The loss's options, resolved once: beta split between the loss and the reward, the clip
+    bounds (the loss's default without --clip), level and aggregation."""
+    return L.run_options(cfg.algo, beta=cfg.beta, clip=cfg.clip, level=cfg.level, agg=cfg.agg,
+                         no_clip=cfg.no_clip)
 
 
 def resolved_adv(cfg: Config) -> str:
     return L.SPECS[cfg.algo].advantage if cfg.adv == "auto" else cfg.adv
-
-
-def loss_beta(cfg: Config) -> float:
-    return L.loss_beta(cfg.algo, cfg.beta)
 
 
 def fill_options(cfg: Config, flags: dict, owners: dict) -> None:
@@ -246,9 +253,8 @@ def validate(cfg: Config) -> None:
     def bad(msg):
         raise ValueError(f"bad configuration: {msg}")
 
-    try:  # the loss's own rules: name (loss_beta refuses an unknown one), beta, clip, level, agg
-        L.check_options(cfg.algo, beta=loss_beta(cfg), clip=cfg.clip, level=cfg.level, agg=cfg.agg,
-                        no_clip=cfg.no_clip)
+    try:  # the loss's own rules: name, beta, clip, level, agg
+        loss_options(cfg)
     except ValueError as e:
         bad(f"--algo {cfg.algo}: {e}")
     resolve(TASKS, cfg.task, "task")
@@ -302,12 +308,47 @@ def validate(cfg: Config) -> None:
         bad(f"dynamic_sampling_rounds must be >= 1, got {cfg.dynamic_sampling_rounds}")
     if cfg.dynamic_sampling and cfg.group_size < 2:
         bad("--dynamic-sampling needs --group-size >= 2 (a group of one always has equal rewards)")
+    check_rollout_correction(cfg)
     if cfg.tensorboard:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError as e:
             bad(f"--tensorboard needs the tensorboard package ({e}); pip install tensorboard")
     check_output_folder(cfg)
+
+
+def check_rollout_correction(cfg: Config) -> None:
+    """--rollout-correction needs the sampler's log-probs of the distribution it samples from."""
+    mode, level, cap = cfg.rollout_correction, cfg.rollout_correction_level, cfg.rollout_correction_cap
+    try:
+        RC.check_options(mode, level, cap)
+    except ValueError as e:
+        raise ValueError(f"bad configuration: --rollout-correction: {e}") from None
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    if mode == "none":
+        given = [f"--{k.replace('_', '-')}" for k in ("rollout_correction_level", "rollout_correction_cap")
+                 if getattr(cfg, k) != defaults[k]]
+        if given:
+            raise ValueError(f"bad configuration: {' and '.join(given)} given without --rollout-correction "
+                             f"tis|mis; add one, or drop them")
+        return
+    if level == "token" and cfg.level == "sequence":
+        raise ValueError("bad configuration: --rollout-correction-level token weights tokens, but "
+                         "--level sequence makes a whole response one unit of the loss; use "
+                         "--rollout-correction-level sequence")
+    if cfg.top_p < 1:
+        raise ValueError(f"bad configuration: --rollout-correction {mode} with --top-p {cfg.top_p}: the "
+                         f"sampler never draws tokens outside the nucleus, so pi_old / pi_sampler cannot "
+                         f"restore them; use --top-p 1")
+    task_cls = resolve(TASKS, cfg.task, "task")
+    engine = task_cls.default_engine if cfg.engine == "auto" else cfg.engine
+    missing = getattr(resolve(ENGINES, engine, "engine"), "sampler_logprobs_missing",
+                      lambda cfg: "it does not declare sampler_logprobs_missing (rpg_ref.interfaces.Engine)")
+    why = missing(cfg)
+    if why is not None:
+        raise ValueError(f"bad configuration: --rollout-correction {mode} needs the sampler's own "
+                         f"log-probs, which engine {engine!r} does not report here ({why}); use "
+                         f"--rollout-correction none or another --engine")
 
 
 def check_device(name: str) -> None:

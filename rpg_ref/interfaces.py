@@ -46,6 +46,7 @@ class Batch:
     old_logp: Tensor | None = None  # [N, T] log pi_old: the only copy of pi_old
     ref_logp: Tensor | None = None  # [N, T] log pi_ref (--ref init only)
     adv: Tensor | None = None  # [N] or [N, T]
+    rollout_weight: Tensor | None = None  # [N, T] or [N] pi_old / pi_sampler (rpg_ref.rollout_correction)
 
     @property
     def prompt_len(self) -> int:
@@ -148,6 +149,9 @@ class Engine(Protocol):
     (a no-op for engines that share the policy module); ``sleep``/``wake`` free and restore the
     engine's memory around the update (no-ops for HF; vLLM's sleep mode). An engine may declare
     an ``Options`` dataclass (flags ``--<engine>-<field>``, ``cfg.engine_options``).
+    ``sampler_logprobs_missing(cfg)`` (a classmethod) says why the engine would return no
+    Generation.logprobs under cfg, or None when it returns them (needed by --rollout-correction;
+    an engine without it is taken to return none).
     """
 
     def __init__(self, policy: nn.Module, task: Task, cfg): ...

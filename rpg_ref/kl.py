@@ -11,15 +11,15 @@ Two kinds of objects live here:
        k3 = exp(log_ratio) - 1 - log_ratio    unbiased for normalized p, q; always >= 0
 
    For unnormalized measures E_q[k3] equals the *unnormalized* KL,
-   UKL(q || p) = sum q log(q/p) + sum (p - q)  (remark:k3_connection_main,
-   app:k3_ukl_connection). Note these are estimators of KL *values*; differentiating them
-   as losses does not in general give the gradient of the KL (see derivations/).
+   UKL(q || p) = sum q log(q/p) + sum (p - q)  (Remark 3.5 (remark:k3_connection_main),
+   Appendix D (app:k3_ukl_connection)). Note these are estimators of KL *values*; differentiating
+   them as losses does not in general give the gradient of the KL (see derivations/).
 
 2. Exact divergences between categorical distributions given as log-probabilities
    (or logits with ``logits=True``), reduced over ``dim``.
 
-Paper naming (sec:offpolicy_policy_gradients): with pi_theta the policy being trained and
-pi_old the reference, *forward* KL is KL(pi_old || pi_theta) and *reverse* KL is
+Paper naming (Section 3 (sec:offpolicy_policy_gradients)): with pi_theta the policy being trained
+and pi_old the reference, *forward* KL is KL(pi_old || pi_theta) and *reverse* KL is
 KL(pi_theta || pi_old).
 """
 
@@ -90,7 +90,8 @@ def ukl(logp: Tensor, logq: Tensor, dim: int = -1, logits: bool = False) -> Tens
 
     No normalization is applied (unless ``logits=True``, which normalizes both and makes
     this equal to ``kl``). The mass-correction term sum(q - p) makes UKL >= 0 with equality
-    iff p = q, for measures of any total mass (definitions in subsec:offpolicy_ufkl/urkl).
+    iff p = q, for measures of any total mass (definitions in Section 3.1
+    (subsec:offpolicy_ufkl)/urkl).
     """
     logp, logq = _as_logprobs(logp, logits, dim), _as_logprobs(logq, logits, dim)
     p, q = logp.exp(), logq.exp()
@@ -99,20 +100,20 @@ def ukl(logp: Tensor, logq: Tensor, dim: int = -1, logits: bool = False) -> Tens
 
 
 def forward_kl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False) -> Tensor:
-    """Forward KL of the paper: KL(pi_old || pi_theta) (eq:FKL)."""
+    """Forward KL of the paper: KL(pi_old || pi_theta) (Eq. (E.1) (eq:FKL))."""
     return kl(logp_old, logp_theta, dim, logits)
 
 
 def reverse_kl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False) -> Tensor:
-    """Reverse KL of the paper: KL(pi_theta || pi_old) (eq:rkl)."""
+    """Reverse KL of the paper: KL(pi_theta || pi_old) (Eq. (E.2) (eq:rkl))."""
     return kl(logp_theta, logp_old, dim, logits)
 
 
 def forward_ukl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False) -> Tensor:
-    """Unnormalized forward KL: UKL(pi_old || pi_theta) (eq:UFKL)."""
+    """Unnormalized forward KL: UKL(pi_old || pi_theta) (Eq. (3.1) (eq:UFKL))."""
     return ukl(logp_old, logp_theta, dim, logits)
 
 
 def reverse_ukl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False) -> Tensor:
-    """Unnormalized reverse KL: UKL(pi_theta || pi_old) (eq:urkl)."""
+    """Unnormalized reverse KL: UKL(pi_theta || pi_old) (Eq. (3.3) (eq:urkl))."""
     return ukl(logp_theta, logp_old, dim, logits)

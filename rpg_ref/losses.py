@@ -1,9 +1,11 @@
 """Every surrogate loss of the RPG paper and its baselines, written as the paper writes it.
 
 This module is the specification: each loss is one function of the paper's per-sample quantities
-(sec:offpolicy_policy_gradients), registered under its literal name. A unit x, sampled from the
-behaviour policy pi_old, is a token (``level="token"``, as verl and the paper's code apply the
-losses) or a whole response (``level="sequence"``):
+(Section 3 (sec:offpolicy_policy_gradients)), registered under its literal name; the paper is cited
+as "Proposition 3.2 (prop:...)": the PDF's number, then the LaTeX label
+(derivations/paper_numbers.txt). A unit x, sampled from the behaviour policy pi_old, is a token
+(``level="token"``, as verl and the paper's code apply the losses) or a whole response
+(``level="sequence"``):
 
     w   = pi_theta(x) / pi_old(x)      importance ratio          (differentiable)
     rho = pi_theta(x) / pi_ref(x)      ratio to the reference    (differentiable)
@@ -26,42 +28,34 @@ bad input raises a ValueError naming the argument.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from rpg_ref import losses_fused
+from rpg_ref.divergences import DIVERGENCES
+from rpg_ref.loss_checks import check_sample_weight, check_tensors, data_checks, refuse_bad_data
+from rpg_ref.loss_spec import (
+    AGGREGATIONS,
+    LEVELS,
+    LossOptions,
+    LossSpec,
+    check_beta,
+    parse_clip,
+    resolve,
+)
+from rpg_ref.losses_fused import FUSED_LOSSES, fused_loss
 
-__all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossSpec", "UnitLoss",
-           "Units", "check_beta", "check_options", "default_beta", "dual_clip", "get_loss", "loss_beta",
-           "parse_clip", "register_loss", "rpg_style_clip"]
+__all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions",
+           "LossSpec", "UnitLoss", "Units", "cached_options", "check_beta", "check_options",
+           "default_beta", "dual_clip", "get_loss", "loss_beta", "parse_clip", "register_loss",
+           "rpg_style_clip", "run_options"]
 
 LOG_RATIO_CLAMP = 40.0  # e^40 ~ 2.4e17; products of two such ratios stay finite in float32
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-LEVELS = ("token", "sequence")
 IMPLS = ("fused", "reference")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LossSpec:
-    """What a trainer needs to know about a loss besides calling it."""
-    name: str
-    family: str                 # "rpg" (fully differentiable), "rpg-reinforce" or "baseline"
-    advantage: str              # default estimator in rpg_ref.advantages.ADVANTAGES
-    paper_label: str
-    divergence: str | None = None   # D whose gradient the KL term has in expectation, any theta
-    kl_in_reward: bool = False  # the KL goes into the advantage: the loss takes beta = 0
-    has_kl: bool = True         # False only for dapo (no KL anywhere)
-    default_clip: tuple | None = None   # used when clip=None; such (PPO-type) losses always clip
-
-    @property
-    def always_clips(self) -> bool:
-        return self.default_clip is not None
-
 
 LOSSES: dict[str, Callable] = {}
 SPECS: dict[str, LossSpec] = {}
@@ -74,66 +68,39 @@ def get_loss(name: str) -> Callable:
     return LOSSES[name]
 
 
-# --- rules about a loss's options, stated once: the losses, the trainer and verl call them ---
-
-def parse_clip(values) -> tuple[float, float, float | None] | None:
-    """(eps_low, eps_high[, c]) as numbers or strings -> (eps_low, eps_high, c or None), checked:
-    0 < eps_low < 1, 0 < eps_high finite, c > 1 (None or 'inf': no dual bound). None -> None."""
-    if values is None:
-        return None
-    if not isinstance(values, (tuple, list)) or len(values) not in (2, 3):
-        raise ValueError(f"clip must be (eps_low, eps_high) or (eps_low, eps_high, c), "
-                         f"got {values!r}")
-
-    def number(what, v):
-        try:
-            return math.inf if what == "c" and v is None else float(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"clip {what} must be a number ('inf' allowed for c), "
-                             f"got {v!r}") from None
-
-    eps_low, eps_high = number("eps_low", values[0]), number("eps_high", values[1])
-    c = number("c", values[2]) if len(values) == 3 else math.inf
-    if not 0.0 < eps_low < 1.0:
-        raise ValueError(f"clip eps_low must be in (0, 1) (the lower ratio bound 1 - eps_low must "
-                         f"be positive), got {eps_low}")
-    if not 0.0 < eps_high < math.inf:
-        raise ValueError(f"clip eps_high must be > 0 and finite, got {eps_high}")
-    if not c > 1.0:
-        raise ValueError(f"dual-clip c must be > 1 (None or inf: no dual bound), got {c}")
-    return eps_low, eps_high, None if c == math.inf else c
-
-
-def check_beta(beta) -> None:
-    """A KL coefficient is a finite number >= 0 (for the losses and for the KL in the reward)."""
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (
-            math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-
+# --- a loss's options by its name (the rules themselves: rpg_ref/loss_spec.py) ---
 
 def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
-                  no_clip: bool = False) -> None:
-    """Refuse bad options of the loss ``name``: a one-line ValueError for the first violation."""
+                  no_clip: bool = False) -> LossOptions:
+    """Refuse bad options of the loss ``name`` (a one-line ValueError for the first violation);
+    return them resolved. ``beta`` is the loss's own (see loss_beta)."""
     spec = get_loss(name).spec
-    check_beta(beta)
-    if beta != 0 and not spec.has_kl:
-        raise ValueError(f"{name} has no KL term; got beta={beta}: use beta=0")
-    if beta != 0 and spec.kl_in_reward:
-        raise ValueError(f"{name} puts its k1 KL penalty into the reward: pass beta to "
-                         f"rpg_ref.advantages.reinforce_pp and call the loss with beta=0; "
-                         f"got beta={beta}")
-    parse_clip(clip)
-    if no_clip and clip is not None:
-        raise ValueError(f"clip {clip} and no_clip together: give one of them")
-    if no_clip and spec.always_clips:
-        raise ValueError(f"no_clip: {name} is a PPO-type loss that always clips; pass a wide clip "
-                         f"instead, e.g. (0.99, 100)")
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
-    if level == "sequence" and spec.kl_in_reward:
-        raise ValueError(f"{name} has token-level advantages and cannot run at level='sequence'")
+    return resolve(spec, beta=beta, clip=clip, level=level, agg=agg, no_clip=no_clip)
+
+
+def run_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
+                no_clip: bool = False) -> LossOptions:
+    """The options of a training run, whose ``beta`` is the user's KL coefficient: it goes to the
+    reward where the loss puts its KL there (reinforce++: reward_beta), else to the loss."""
+    spec = get_loss(name).spec
+    return resolve(spec, beta=beta, clip=clip, level=level, agg=agg, no_clip=no_clip, run=True)
+
+
+@lru_cache(maxsize=256, typed=True)
+def _cached_options(name, beta, clip, level, agg) -> LossOptions:
+    return check_options(name, beta=beta, clip=clip, level=level, agg=agg)
+
+
+def cached_options(name: str, *, beta, clip=None, level: str = "token",
+                   agg: str = "token-mean") -> LossOptions:
+    """check_options, remembered: a library call's loose options are resolved on their first use
+    and looked up after that (nothing is re-parsed per micro-batch)."""
+    key = tuple(clip) if isinstance(clip, list) else clip
+    try:
+        hash((name, beta, key, level, agg))
+    except TypeError:                                   # unhashable: refused (or resolved) afresh
+        return check_options(name, beta=beta, clip=clip, level=level, agg=agg)
+    return _cached_options(name, beta, key, level, agg)
 
 
 def loss_beta(name: str, beta: float) -> float:
@@ -170,11 +137,11 @@ class UnitLoss(NamedTuple):
 
 
 def dual_clip(w: Tensor, A_hat: Tensor, bounds: tuple) -> UnitLoss:
-    """Algorithm alg:offpolicy_rpg_ppo_dualclip, (lo, hi, c) = (1 - eps_low, 1 + eps_high, c):
+    """Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip), (lo, hi, c) = (1 - eps_low, 1 + eps_high, c):
         A_hat >= 0:  max(-w A_hat, -clip(w, lo, hi) A_hat)
         A_hat <  0:  min(max(-w A_hat, -clip(w, lo, hi) A_hat), -c A_hat)
     No gradient flows through w on a clipped segment; it still flows through A_hat when A_hat
-    depends on theta (fig:ppo_dualclip_loss_vis caption)."""
+    depends on theta (Figure 2 (fig:ppo_dualclip_loss_vis) caption)."""
     lo, hi, c = bounds
     plain, clipped = -w * A_hat, -w.clamp(lo, hi) * A_hat
     took_clip = clipped > plain
@@ -187,9 +154,9 @@ def dual_clip(w: Tensor, A_hat: Tensor, bounds: tuple) -> UnitLoss:
 
 
 def rpg_style_clip(x: Units, c_kl: Tensor, bounds: tuple) -> UnitLoss:
-    """RPG-Style Clip, Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v1, of L = -SG(w A') log pi
+    """RPG-Style Clip, Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1), of L = -SG(w A') log pi
     with w A' = w A + C_KL, branching on psi = A' ell (ell = -log pi_theta). Flat segments (no
-    gradient) as drawn dotted in fig:offpolicy_rpg_rf_ppo_dualclip_v1:
+    gradient) as drawn dotted in Figure 3 (fig:offpolicy_rpg_rf_ppo_dualclip_v1):
         psi >= 0:  w <  hi -> ell SG(w A')               w >= hi    -> SG(ell) (A hi + C_KL)
         psi <  0:  w <= lo -> SG(ell) (A lo + C_KL)      lo < w < c -> ell SG(w A')
                                                          w >= c     -> SG(ell) (A c + C_KL)"""
@@ -225,27 +192,47 @@ def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
 _CALL_DOC = """
 
     Call: (logp, old_logp, advantages, mask, *, beta=0, ref_logp=None, clip=None, level="token",
-    agg="token-mean", impl="fused"). logp, old_logp, mask (0/1, a token in every row), ref_logp:
-    [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B] or [B, T] ([B] at
-    level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip. agg: token-mean,
-    seq-mean-token-mean or seq-mean-token-sum. impl: "fused" or "reference" (autograd).
+    agg="token-mean", sample_weight=None, impl="fused", options=None). logp, old_logp, mask (0/1,
+    a token in every row), ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper).
+    advantages: [B] or [B, T] ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf:
+    no dual clip. agg: token-mean, seq-mean-token-mean or seq-mean-token-sum. sample_weight: None,
+    or a constant weight >= 0 of each unit's loss term before aggregation, [B, T] (level "token")
+    or [B] (one per response, any level): the rollout correction's pi_old / pi_sampler
+    (rpg_ref.rollout_correction). impl: "fused" or "reference" (autograd). options: a LossOptions
+    resolved once for this loss (rpg_ref.losses.check_options or run_options), instead of beta,
+    clip, level and agg (a trainer's per-call path).
     Returns (loss, stats): stats are detached 0-dim tensors clip_frac_low, clip_frac_high,
-    clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old
-    (token-mean estimate of KL(pi_theta || pi_old)).
+    clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old (token-mean
+    estimate of KL(pi_theta || pi_old)).
     """
 
 
 def register_loss(name: str, *, paper: str, **fields) -> Callable:
     """Decorator: register ``formula(x: Units, beta, bounds) -> (UnitLoss, kl)`` as LOSSES[name]
     (``paper``: its paper_label, ``fields``: the other LossSpec fields). bounds = (1 - eps_low,
-    1 + eps_high, c or None) or None; kl = the units' divergence estimate, stats["kl"]."""
+    1 + eps_high, c or None) or None; kl = the units' KL estimate d, stats["kl"]."""
     spec = LossSpec(name=name, paper_label=paper, **fields)
 
     def register(formula: Callable) -> Callable:
         def loss_fn(logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, clip=None,
-                    level="token", agg="token-mean", impl="fused"):
-            return _loss(spec, formula, logp, old_logp, advantages, mask, beta=beta,
-                         ref_logp=ref_logp, clip=clip, level=level, agg=agg, impl=impl)
+                    level="token", agg="token-mean", sample_weight=None, impl="fused",
+                    options=None):
+            if impl not in IMPLS:
+                raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+            if options is None:
+                options = cached_options(name, beta=beta, clip=clip, level=level, agg=agg)
+            elif not isinstance(options, LossOptions) or options.loss != name:
+                raise ValueError(f"{name}: options must be a LossOptions resolved for {name} "
+                                 f"(rpg_ref.losses.check_options), got {options!r}")
+            elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
+                raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
+            check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
+            check_sample_weight(sample_weight, logp, options.level)
+            if impl == "fused" and name in FUSED_LOSSES:
+                return fused_loss(spec, options, logp, old_logp, advantages, mask, ref_logp,
+                                  clamp=LOG_RATIO_CLAMP, sample_weight=sample_weight)
+            return reference_loss(formula, options, logp, old_logp, advantages, mask, ref_logp,
+                                  sample_weight)
         loss_fn.__name__ = loss_fn.__qualname__ = formula.__name__
         loss_fn.__doc__ = formula.__doc__.strip() + _CALL_DOC
         loss_fn.spec, loss_fn.formula = spec, formula
@@ -254,34 +241,19 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
     return register
 
 
-def _loss(spec: LossSpec, formula, logp, old_logp, advantages, mask, *, beta, ref_logp, clip,
-          level, agg, impl):
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    check_options(spec.name, beta=beta, clip=clip, level=level, agg=agg)
-    losses_fused.check_tensors(logp, old_logp, advantages, mask, ref_logp, level)
-    eps = parse_clip(spec.default_clip if clip is None else clip)
-    bounds = None if eps is None else (1.0 - eps[0], 1.0 + eps[1], eps[2])
-    if impl == "fused" and spec.name in losses_fused.KERNELS:
-        return losses_fused.fused_loss(spec.name, logp, old_logp, advantages, mask, ref_logp,
-                                       beta=float(beta), bounds=bounds, level=level, agg=agg,
-                                       clamp=LOG_RATIO_CLAMP)
-    return reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, float(beta), bounds,
-                          level, agg)
-
-
-def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: float, bounds,
-                   level: str, agg: str):
+def reference_loss(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_logp,
+                   sample_weight=None):
     """formula's units, loss and statistics through autograd: what a level, an aggregation and
-    each statistic mean (the fused kernel answers to this). Options and shapes: checked by _loss."""
+    each statistic mean (the fused kernel answers to this). Shapes: checked by the caller."""
+    level, agg = opts.level, opts.agg
     dt = torch.promote_types(logp.dtype, torch.float32)                     # at least float32
     lp, m = logp.to(dt), mask.to(dt)
     old, adv = old_logp.detach().to(dt), advantages.detach().to(dt)
     ref = None if ref_logp is None else ref_logp.detach().to(dt)
     n = m.sum(1)                                                            # [B] tokens per row
-    checks = losses_fused.data_checks(mask, n, (lp - old).detach(),
-                                      None if ref is None else (lp - ref).detach(), adv)
-    losses_fused.refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
+    checks = data_checks(mask, n, (lp - old).detach(), None if ref is None else (lp - ref).detach(),
+                         adv)
+    refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
 
     def unit(t):                                                            # a token, or a response
         return t if level == "token" else (t * m).sum(1, keepdim=True)
@@ -294,9 +266,13 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
     x = Units(logp=unit(lp), w=log_w.exp(), log_rho=log_rho, rho=log_rho.exp(),
               u=torch.ones_like(log_w) if ref is None else clamped(unit(ref - old)).exp(),
               A=adv[:, None] if adv.dim() == 1 else adv)
-    out, kl = formula(x, beta, bounds)
+    out, kl = formula(x, opts.beta, opts.bounds)
+    unit_loss = out.loss                                                    # [B, T] or [B, 1]
+    if sample_weight is not None:                   # each unit's term times its constant weight
+        sw = sample_weight.detach().to(dt)
+        unit_loss = unit_loss * (sw[:, None] if sw.dim() == 1 else sw)
 
-    rows = (out.loss * m).sum(1) if level == "token" else out.loss[:, 0]   # [B] token-sums
+    rows = (unit_loss * m).sum(1) if level == "token" else unit_loss[:, 0]  # [B] token-sums
     loss = (rows.sum() / n.sum() if agg == "token-mean" else
             (rows / n).mean() if agg == "seq-mean-token-mean" else rows.mean())
 
@@ -312,119 +288,139 @@ def reference_loss(formula, logp, old_logp, advantages, mask, ref_logp, beta: fl
         "kl_old": ((w_t * lw_t - w_t + 1) * m).sum() / n.sum()}            # E_old[w log w - w + 1]
 
 
+# --- the KL term d of a loss, from the one table of rpg_ref/divergences.py ---
+
+def kl_term(x: Units, kl: str) -> Tensor:
+    """d(x) of the row ``kl`` of DIVERGENCES: E_old[d] = D(pi_theta, pi_ref) for every theta."""
+    return DIVERGENCES[kl].estimate(x.w, x.log_rho, x.u)
+
+
+def kl_weight(x: Units, kl: str, beta: float) -> Tensor:
+    """C_KL = -beta w h, h = (dd / d log pi_theta) / w (the row's score): the KL part of a REINFORCE
+    weight w A' = w A + C_KL, so that -C_KL grad log pi_theta = beta grad d."""
+    return -beta * x.w * DIVERGENCES[kl].score(x.w, x.log_rho, x.u / x.w)
+
+
 # --- fully differentiable family: L = -w A + beta d ---
 
-@register_loss("rpg-fkl", family="rpg", divergence="fkl", advantage="group-mean",
+@register_loss("rpg-fkl", family="rpg", kl="fkl", advantage="group-mean",
                paper="prop:policy_gradient_forward_kl")
 def rpg_fkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, forward KL(pi_ref || pi_theta)
-    (prop:policy_gradient_forward_kl; tab:off-policy-loss-normalized, row Forward KL:
-    E_old[-w R - beta log pi_theta])."""
-    kl = -x.u * x.log_rho                                   # d = -u log rho
-    loss = -x.w * x.A + beta * kl                           # L = -w A - beta u log rho
-    return fully_differentiable(x, loss, bounds), kl
+    (Proposition E.1 (prop:policy_gradient_forward_kl); Table 4 (tab:off-policy-loss-normalized),
+    row Forward KL: E_old[-w R - beta log pi_theta])."""
+    d = kl_term(x, "fkl")                                   # d = -u log rho
+    loss = -x.w * x.A + beta * d                            # L = -w A - beta u log rho
+    return fully_differentiable(x, loss, bounds), d
 
 
-@register_loss("rpg-rkl", family="rpg", divergence="rkl", advantage="group-mean",
+@register_loss("rpg-rkl", family="rpg", kl="rkl", advantage="group-mean",
                paper="prop:policy_gradient_reverse_kl")
 def rpg_rkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, reverse KL(pi_theta || pi_ref)
-    (prop:policy_gradient_reverse_kl; tab:off-policy-loss-normalized, row Reverse KL:
-    E_old[w (-R + beta log w)])."""
-    kl = x.w * x.log_rho                                    # d = w log rho
-    loss = -x.w * x.A + beta * kl                           # L = -w A + beta w log rho
-    return fully_differentiable(x, loss, bounds), kl
+    (Proposition E.3 (prop:policy_gradient_reverse_kl); Table 4 (tab:off-policy-loss-normalized),
+    row Reverse KL: E_old[w (-R + beta log w)])."""
+    d = kl_term(x, "rkl")                                   # d = w log rho
+    loss = -x.w * x.A + beta * d                            # L = -w A + beta w log rho
+    return fully_differentiable(x, loss, bounds), d
 
 
-@register_loss("rpg-ufkl", family="rpg", divergence="ufkl", advantage="group-mean",
+@register_loss("rpg-ufkl", family="rpg", kl="ufkl", advantage="group-mean",
                paper="prop:policy_gradient_unormalized_forward_kl")
 def rpg_ufkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized forward KL UKL(pi_ref || pi_theta)
-    (prop:policy_gradient_unormalized_forward_kl; tab:off-policy-loss, row Forward (UFKL):
-    Z_old E[-w R + beta (w - log w - 1)])."""
-    kl = x.w - x.u - x.u * x.log_rho                        # d = u k3(rho), u rho = w
-    loss = -x.w * x.A + beta * kl                           # L = -w A + beta (w - u - u log rho)
-    return fully_differentiable(x, loss, bounds), kl
+    (Proposition 3.2 (prop:policy_gradient_unormalized_forward_kl); Table 1 (tab:off-policy-loss),
+    row Forward (UFKL): Z_old E[-w R + beta (w - log w - 1)])."""
+    d = kl_term(x, "ufkl")                                  # d = w - u - u log rho = u k3(rho)
+    loss = -x.w * x.A + beta * d                            # L = -w A + beta (w - u - u log rho)
+    return fully_differentiable(x, loss, bounds), d
 
 
-@register_loss("rpg-urkl", family="rpg", divergence="urkl", advantage="group-mean",
+@register_loss("rpg-urkl", family="rpg", kl="urkl", advantage="group-mean",
                paper="prop:policy_gradient_unormalized_reverse_kl")
 def rpg_urkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized reverse KL UKL(pi_theta || pi_ref)
-    (prop:policy_gradient_unormalized_reverse_kl; tab:off-policy-loss, row Reverse (URKL):
-    Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a constant)."""
-    kl = x.u - x.w + x.w * x.log_rho                        # d = w k3(1/rho), w / rho = u
-    loss = -x.w * x.A + beta * kl                           # L = -w A + beta (u - w + w log rho)
-    return fully_differentiable(x, loss, bounds), kl
+    (Proposition 3.6 (prop:policy_gradient_unormalized_reverse_kl); Table 1 (tab:off-policy-loss),
+    row Reverse (URKL): Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a
+    constant)."""
+    d = kl_term(x, "urkl")                                  # d = u - w + w log rho = w k3(1/rho)
+    loss = -x.w * x.A + beta * d                            # L = -w A + beta (u - w + w log rho)
+    return fully_differentiable(x, loss, bounds), d
 
 
 # --- REINFORCE-style family: L = -SG(w A + C_KL) log pi_theta; stats["kl"]: the d above ---
 
-@register_loss("rpg-reinforce-fkl", family="rpg-reinforce", divergence="fkl",
+@register_loss("rpg-reinforce-fkl", family="rpg-reinforce", kl="fkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_fkl")
 def rpg_reinforce_fkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, forward KL (prop:offpolicy_reinforce_loss_fkl:
-    -E_old[SG(w R + beta) log pi_theta])."""
-    c_kl = beta * x.u                                       # w A' = w A + beta u
-    return reinforce(x, c_kl, bounds), -x.u * x.log_rho
+    """REINFORCE-style RPG loss, forward KL
+    (Proposition F.1 (prop:offpolicy_reinforce_loss_fkl): -E_old[SG(w R + beta) log pi_theta])."""
+    c_kl = kl_weight(x, "fkl", beta)                        # w A' = w A + beta u
+    return reinforce(x, c_kl, bounds), kl_term(x, "fkl")
 
 
-@register_loss("rpg-reinforce-rkl", family="rpg-reinforce", divergence="rkl",
+@register_loss("rpg-reinforce-rkl", family="rpg-reinforce", kl="rkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_rkl")
 def rpg_reinforce_rkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, reverse KL (prop:offpolicy_reinforce_loss_rkl,
-    eq:loss_rkl_offpolicy_reinforce: -E_old[SG(w (R - beta log w - beta)) log pi_theta])."""
-    c_kl = -beta * x.w * (x.log_rho + 1)                    # w A' = w (A - beta (log rho + 1))
-    return reinforce(x, c_kl, bounds), x.w * x.log_rho
+    """REINFORCE-style RPG loss, reverse KL (Proposition F.4 (prop:offpolicy_reinforce_loss_rkl),
+    Eq. (F.2) (eq:loss_rkl_offpolicy_reinforce):
+    -E_old[SG(w (R - beta log w - beta)) log pi_theta])."""
+    c_kl = kl_weight(x, "rkl", beta)                        # w A' = w (A - beta (log rho + 1))
+    return reinforce(x, c_kl, bounds), kl_term(x, "rkl")
 
 
-@register_loss("rpg-reinforce-ufkl", family="rpg-reinforce", divergence="ufkl",
+@register_loss("rpg-reinforce-ufkl", family="rpg-reinforce", kl="ufkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_ufkl")
 def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, unnormalized forward KL (prop:offpolicy_reinforce_loss_ufkl;
-    tab:off-policy-loss-reinforce, row Forward (UFKL):
+    """REINFORCE-style RPG loss, unnormalized forward KL
+    (Proposition F.3 (prop:offpolicy_reinforce_loss_ufkl); Table 2 (tab:off-policy-loss-reinforce),
+    row Forward (UFKL):
     -E[SG(Z_old (w R - beta (w - 1))) log pi_theta])."""
-    c_kl = -beta * (x.w - x.u)                              # w A' = w A - beta (w - u)
-    return reinforce(x, c_kl, bounds), x.w - x.u - x.u * x.log_rho
+    c_kl = kl_weight(x, "ufkl", beta)                       # w A' = w A - beta (w - u)
+    return reinforce(x, c_kl, bounds), kl_term(x, "ufkl")
 
 
-@register_loss("rpg-reinforce-urkl", family="rpg-reinforce", divergence="urkl",
+@register_loss("rpg-reinforce-urkl", family="rpg-reinforce", kl="urkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_urkl")
 def rpg_reinforce_urkl(x: Units, beta: float, bounds):
-    """REINFORCE-style RPG loss, unnormalized reverse KL (prop:offpolicy_reinforce_loss_urkl;
-    tab:off-policy-loss-reinforce, row Reverse (URKL):
+    """REINFORCE-style RPG loss, unnormalized reverse KL
+    (Proposition F.5 (prop:offpolicy_reinforce_loss_urkl); Table 2 (tab:off-policy-loss-reinforce),
+    row Reverse (URKL):
     -E[SG(Z_old w (R - beta log w)) log pi_theta])."""
-    c_kl = -beta * x.w * x.log_rho                          # w A' = w (A - beta log rho)
-    return reinforce(x, c_kl, bounds), x.u - x.w + x.w * x.log_rho
+    c_kl = kl_weight(x, "urkl", beta)                       # w A' = w (A - beta log rho)
+    return reinforce(x, c_kl, bounds), kl_term(x, "urkl")
 
 
 # --- PPO-clip baselines: they always clip (clip=None means their default_clip) ---
 
-@register_loss("grpo", family="baseline", advantage="group-mean-std",
+@register_loss("grpo", family="baseline", kl="k3", advantage="group-mean-std",
                default_clip=(0.2, 0.2, None), paper="subsec:grpo_main")
 def grpo(x: Units, beta: float, bounds):
-    """GRPO as published (subsec:grpo_main, J_GRPO): PPO clip on A plus beta k3(pi_ref/pi_theta)
-    per token, no importance weight. Its expected gradient is not grad UKL off-policy."""
-    kl = 1 / x.rho - 1 + x.log_rho                          # k3(pi_ref / pi_theta)
+    """GRPO as published (Section 2.2 (subsec:grpo_main), J_GRPO): PPO clip on A plus
+    beta k3(pi_ref/pi_theta) per token, no importance weight. Its expected gradient is not
+    grad UKL off-policy."""
+    d = kl_term(x, "k3")                                    # k3(pi_ref/pi_theta)
     out = dual_clip(x.w, x.A, bounds)
-    return out._replace(loss=out.loss + beta * kl), kl      # clip term + beta k3
+    return out._replace(loss=out.loss + beta * d), d        # clip term + beta k3
 
 
-@register_loss("grpo-corrected", family="baseline", divergence="urkl", advantage="group-mean-std",
+@register_loss("grpo-corrected", family="baseline", kl="urkl", advantage="group-mean-std",
                default_clip=(0.2, 0.2, None), paper="subsec:grpo_main")
 def grpo_corrected(x: Units, beta: float, bounds):
-    """GRPO with the paper's corrected KL term (subsec:grpo_main, KL_GRPO-corrected): PPO clip on A
-    plus beta w k3(pi_ref/pi_theta), unbiased for UKL(pi_theta || pi_ref) for every theta."""
-    kl = x.u - x.w + x.w * x.log_rho                        # w k3(pi_ref / pi_theta)
+    """GRPO with the paper's corrected KL term (Section 2.2 (subsec:grpo_main), KL_GRPO-corrected):
+    PPO clip on A plus beta w k3(pi_ref/pi_theta), unbiased for UKL(pi_theta || pi_ref) for every
+    theta."""
+    d = kl_term(x, "urkl")                                  # w k3(pi_ref / pi_theta)
     out = dual_clip(x.w, x.A, bounds)
-    return out._replace(loss=out.loss + beta * kl), kl      # clip term + beta w k3
+    return out._replace(loss=out.loss + beta * d), d        # clip term + beta w k3
 
 
-@register_loss("reinforce++-baseline", family="baseline", advantage="reinforce++-baseline",
+@register_loss("reinforce++-baseline", family="baseline", kl="urkl",
+               advantage="reinforce++-baseline", kl_in_reward=True, default_clip=(0.2, 0.2, None),
+               paper="")
+@register_loss("reinforce++", family="baseline", kl="urkl", advantage="reinforce++",
                kl_in_reward=True, default_clip=(0.2, 0.2, None), paper="")
-@register_loss("reinforce++", family="baseline", advantage="reinforce++", kl_in_reward=True,
-               default_clip=(0.2, 0.2, None), paper="")
-@register_loss("dapo", family="baseline", advantage="group-mean-std", has_kl=False,
+@register_loss("dapo", family="baseline", kl="urkl", advantage="group-mean-std", has_kl=False,
                default_clip=(0.2, 0.28, None), paper="")
 def ppo_clip(x: Units, beta: float, bounds):
     """PPO clip on A with no KL term in the loss (beta must be 0). dapo (Yu et al. 2025):
@@ -432,4 +428,4 @@ def ppo_clip(x: Units, beta: float, bounds):
     arXiv:2501.03262): token advantages from rpg_ref.advantages.reinforce_pp (k1 KL to pi_ref in
     the reward, return to go, batch whitening; reinforce++-baseline subtracts the group-mean
     reward first). stats["kl"] reports the UKL(pi_theta || pi_ref) estimate w k3(1/rho)."""
-    return dual_clip(x.w, x.A, bounds), x.u - x.w + x.w * x.log_rho
+    return dual_clip(x.w, x.A, bounds), kl_term(x, "urkl")

@@ -7,7 +7,8 @@ derivative with respect to log pi_theta from the hand-derived formulas below, ev
 the data checks, with no autograd graph. It answers to the reference: tests/test_losses_reference.py
 compares values, gradients and statistics to 1e-12 (float64) for every loss, clip setting,
 reference setting, level and aggregation. Only first derivatives exist (a double backward raises).
-The input checks both paths share (check_tensors, data_checks, refuse_bad_data) live here too.
+Both paths share the KL terms (rpg_ref/divergences.py: each estimate d with its closed-form
+derivatives) and the input checks (rpg_ref/loss_checks.py).
 
 Inputs with at least FUSE_MIN_NUMEL entries run the kernel fused by torch.compile (the same Python
 function traced, not a second implementation; sizes dynamic, a few seconds to compile each setting
@@ -15,144 +16,44 @@ on first use). ``RPG_REF_COMPILE=0`` always runs it op by op, ``=1`` insists on 
 ``auto`` warns once and runs it op by op where torch.compile cannot (no C++ compiler on CPU, no
 triton on CUDA). Fused and op by op agree to float rounding (tests/test_losses_fused.py).
 
-Per divergence D, with rho = e^{lr} = pi_theta / pi_ref and u = pi_ref / pi_old (the notation of
-rpg_ref.losses), the kernel needs three pieces of the KL estimate d(x) of the loss:
-    kl_estimate        d                    the KL part of the loss (E_old[d] = D for every theta)
-    kl_score           h = (d d / d log pi_theta) / w   (gradient weight w (A - beta h))
-    kl_per_ratio       g = d / w and g' = dg / d lr      (A_hat = A - beta g, clipped gradients)
-They take u_w = u / w, which is 1/rho, but stays the exact derivative of the reference's d when
-the log-ratios are clamped (then u / w and 1/rho differ).
+The kernel takes the loss's LossSpec vocabulary: its family ("rpg", "rpg-reinforce",
+"baseline") and its KL term (a row of rpg_ref.divergences.DIVERGENCES), whose columns ``score``
+(h = (dd / d log pi_theta) / w) and ``per_ratio`` (g = d / w, g' = dg / d log rho) replace autograd.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import warnings
 
 import torch
-from torch import Tensor
+
+from rpg_ref.divergences import DIVERGENCES
+from rpg_ref.loss_checks import data_checks, refuse_bad_data, row_sum
 
 FUSE_MIN_NUMEL = 1 << 16   # below this, compiling (seconds per setting) costs more than it saves
 
-# The kernel branch that computes each loss of rpg_ref.losses: (family, divergence). For the PPO
-# baselines the "divergence" is the penalized KL term: "k3" = k3(pi_ref/pi_theta) unweighted (grpo),
-# "urkl" = w k3(pi_ref/pi_theta) (grpo-corrected), None = the urkl estimate reported, not penalized.
-KERNELS = {
-    "rpg-fkl": ("rpg", "fkl"), "rpg-rkl": ("rpg", "rkl"),
-    "rpg-ufkl": ("rpg", "ufkl"), "rpg-urkl": ("rpg", "urkl"),
-    "rpg-reinforce-fkl": ("rpg-reinforce", "fkl"), "rpg-reinforce-rkl": ("rpg-reinforce", "rkl"),
-    "rpg-reinforce-ufkl": ("rpg-reinforce", "ufkl"), "rpg-reinforce-urkl": ("rpg-reinforce", "urkl"),
-    "grpo": ("ppo", "k3"), "grpo-corrected": ("ppo", "urkl"), "dapo": ("ppo", None),
-    "reinforce++": ("ppo", None), "reinforce++-baseline": ("ppo", None),
-}
+# The losses of rpg_ref.losses that the kernel computes from their LossSpec (family, kl), each held
+# against its own formula by tests/test_losses_reference.py. Any other registered loss (a new
+# formula in an existing family, say) runs its formula through autograd.
+FUSED_LOSSES = frozenset({
+    "rpg-fkl", "rpg-rkl", "rpg-ufkl", "rpg-urkl",
+    "rpg-reinforce-fkl", "rpg-reinforce-rkl", "rpg-reinforce-ufkl", "rpg-reinforce-urkl",
+    "grpo", "grpo-corrected", "dapo", "reinforce++", "reinforce++-baseline"})
 
 
-def kl_estimate(div: str, w: Tensor, lr: Tensor, u) -> Tensor:
-    if div == "fkl":
-        return -u * lr                                  # -u log rho
-    if div == "rkl":
-        return w * lr                                   # w log rho
-    if div == "ufkl":
-        return w - u - u * lr                           # u k3(rho)      (u rho = w)
-    return u - w + w * lr                               # w k3(1/rho)    (urkl)
-
-
-def kl_score(div: str, lr: Tensor, u_w: Tensor) -> Tensor:
-    if div == "fkl":
-        return -u_w                                     # -1/rho
-    if div == "rkl":
-        return lr + 1.0                                 # log rho + 1
-    if div == "ufkl":
-        return 1.0 - u_w                                # 1 - 1/rho
-    return lr                                           # log rho        (urkl)
-
-
-def kl_per_ratio(div: str, lr: Tensor, u_w: Tensor) -> tuple[Tensor, Tensor]:
-    """(g, g') with g = d / w, a function of rho alone."""
-    if div == "fkl":
-        return -lr * u_w, (lr - 1.0) * u_w              # -log rho / rho
-    if div == "rkl":
-        return lr, 1.0                                  # log rho
-    if div == "ufkl":
-        return 1.0 - (1.0 + lr) * u_w, lr * u_w          # 1 - (1 + log rho) / rho
-    return u_w - 1.0 + lr, 1.0 - u_w                    # k3(1/rho)      (urkl)
-
-
-def _sum(x: Tensor) -> Tensor:
-    """Sum of a [B, T] or [B, 1] tensor, by rows first: the fused kernel then computes every
-    reduction inside its one row-wise pass instead of materializing [B, T] intermediates."""
-    return x.sum(1).sum()
-
-
-def check_tensors(logp, old_logp, advantages, mask, ref_logp, level: str) -> None:
-    """Shapes and dtypes: everything that can be checked without reading the data."""
-    named = {"logp": (logp, (2,)), "old_logp": (old_logp, (2,)), "advantages": (advantages, (1, 2)),
-             "mask": (mask, (2,)), "ref_logp": (ref_logp, (2,))}
-    for key, (x, ndims) in named.items():
-        if x is None and key == "ref_logp":
-            continue
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{key} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() not in ndims:
-            raise ValueError(f"{key} must have {' or '.join(map(str, ndims))} dimensions, "
-                             f"got shape {tuple(x.shape)}")
-        if key in ("old_logp", "mask", "ref_logp") and x.shape != logp.shape:
-            raise ValueError(f"{key} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
-    B = logp.shape[0]
-    if advantages.shape not in ((B,), logp.shape):
-        raise ValueError(f"advantages shape {tuple(advantages.shape)} must be [B]={B} or "
-                         f"[B, T]={tuple(logp.shape)}")
-    if level == "sequence" and advantages.dim() != 1:
-        raise ValueError("level='sequence' needs one advantage per sequence: advantages of shape [B]")
-    if not logp.is_floating_point():
-        raise ValueError(f"logp must be floating point, got {logp.dtype}")
-    if mask.dtype != torch.bool and not mask.is_floating_point() and \
-            mask.dtype not in (torch.int64, torch.int32, torch.uint8, torch.int8):
-        raise ValueError(f"mask must be bool, integer or float, got {mask.dtype}")
-
-
-def refuse_bad_data(checks: Tensor, logp, old_logp, advantages, mask, ref_logp) -> None:
-    """Raise the ValueError that ``data_checks`` flagged, naming the argument (one host sync)."""
-    mask_bad, total, n_empty = checks.tolist()
-    if mask_bad:
-        raise ValueError("mask must contain only 0 and 1")
-    if not math.isfinite(total):
-        named = [(n, x.detach()) for n, x in (("logp", logp), ("old_logp", old_logp),
-                 ("advantages", advantages), ("ref_logp", ref_logp)) if x is not None]
-        for name, x in named:
-            bad = (~torch.isfinite(x)).nonzero()
-            if len(bad):
-                raise ValueError(f"{name} has non-finite values at index {tuple(bad[0].tolist())}")
-        name, x = max(named, key=lambda nx: float(nx[1].abs().max()))    # finite, but the sum overflows
-        raise ValueError(f"{name} has non-finite values (entries too large to sum in {x.dtype}: "
-                         f"max |{name}| = {float(x.abs().max()):.3g})")
-    if n_empty:
-        raise ValueError(f"mask row {int((mask.sum(1) == 0).nonzero()[0])} has no tokens; "
-                         f"drop empty responses")
-
-
-def data_checks(mask: Tensor, n_tok: Tensor, log_w: Tensor, log_rho: Tensor | None,
-                advantages: Tensor) -> Tensor:
-    """[entries of mask not 0/1, sum of all log-ratios and advantages, empty rows], reduced in the
-    kernel's pass. log p - log q is finite iff both are, so the sum is finite iff every input is
-    (or the entries are so large that the sum overflows: refuse_bad_data names that too)."""
-    dt = log_w.dtype
-    total = _sum(log_w) + advantages.sum() + (0.0 if log_rho is None else _sum(log_rho))
-    mask_bad = (_sum(((mask != 0) & (mask != 1)).to(dt)) if mask.dtype != torch.bool
-                else torch.zeros((), dtype=dt, device=log_w.device))
-    return torch.stack([mask_bad, total, (n_tok == 0).sum().to(dt)])
-
-
-def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, ref_logp,
-                beta: float, bounds: tuple | None, level: str, agg: str, clamp: float):
+def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp,
+                beta: float, bounds: tuple | None, level: str, agg: str, clamp: float,
+                sample_weight=None):
     """Pure tensor math shared by every loss (run op by op, or fused by torch.compile).
 
     Inputs are detached; bounds is (1 - eps_low, 1 + eps_high, c or None); clamp bounds every
-    log-ratio. Returns (loss value, d loss / d logp [B, T] in logp's dtype, stats, data checks).
-    A unit is a token ([B, T]) or a whole sequence ([B, 1]).
+    log-ratio; sample_weight (None, [B] or [B, T]) multiplies each unit's term. Returns (loss
+    value, d loss / d logp [B, T] in logp's dtype, stats, data checks). A unit is a token
+    ([B, T]) or a whole sequence ([B, 1]). family and kl: the loss's LossSpec.
     """
+    D = DIVERGENCES[kl]
     dt = torch.promote_types(logp.dtype, torch.float32)
     lp, old, adv = logp.to(dt), old_logp.to(dt), advantages.to(dt)
     ref = None if ref_logp is None else ref_logp.to(dt)
@@ -185,21 +86,24 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
         unit_w = torch.full((B, 1), 1.0 / B, dtype=dt, device=lp.device)
         agg_w = (torch.full((B, 1), 1.0, dtype=dt, device=lp.device) / n_all if agg == "token-mean" else
                  (1.0 / (n_tok * B))[:, None] if agg == "seq-mean-token-mean" else unit_w)
+    if sample_weight is not None:                   # each unit's term times its constant weight
+        sw = sample_weight.to(dt)
+        agg_w = agg_w * (sw[:, None] if sw.dim() == 1 else sw)
 
     w = torch.exp(lw)                                                       # [B, T|1]
     u = 1.0 if lu is None else torch.exp(lu)                                # u = w / rho
-    if family != "ppo":
+    if family != "baseline":
         u_w = torch.reciprocal(w) if lu is None else u / w                  # u / w = 1/rho
     low = high = dual = None
 
     if family == "rpg":                                                     # fully differentiable
-        kl_u = kl_estimate(div, w, lr, u)
-        grad = -w * (adv - beta * kl_score(div, lr, u_w))                   # d(-w A + beta d)/d log pi
+        kl_u = D.estimate(w, lr, u)
+        grad = -w * (adv - beta * D.score(w, lr, u_w))                   # d(-w A + beta d)/d log pi
         if bounds is None:
             value = -w * adv + beta * kl_u
-        else:                                                               # alg:offpolicy_rpg_ppo_dualclip
+        else:                                               # Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip)
             lo, hi, c = bounds
-            g, g_prime = kl_per_ratio(div, lr, u_w)
+            g, g_prime = D.per_ratio(lr, u_w)
             a_hat = adv - beta * g                                          # -w a_hat = -w A + beta d
             cw = w.clamp(lo, hi)
             t1, t2 = -w * a_hat, -cw * a_hat
@@ -214,12 +118,12 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
                 grad = torch.where(dual, beta * c * g_prime, grad)
 
     elif family == "rpg-reinforce":                                         # stop-gradient weights
-        c_kl = -beta * w * kl_score(div, lr, u_w)                           # KL part of the weight
+        c_kl = -beta * w * D.score(w, lr, u_w)                              # KL part of the weight
         weight = w * adv + c_kl                                             # w A'
-        kl_u = kl_estimate(div, w, lr, u)
+        kl_u = D.estimate(w, lr, u)
         if bounds is None:
             value, grad = weight * ell, -weight                             # L = -SG(w A') log pi
-        else:                                                               # alg:offpolicy_rpg_rf_ppo_dualclip_v1
+        else:                                   # Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1)
             lo, hi, c = bounds
             pos = weight * ell >= 0                                         # psi = A' ell >= 0
             high = pos & (w >= hi)
@@ -245,30 +149,23 @@ def loss_kernel(family: str, div: str | None, logp, old_logp, advantages, mask, 
             dual = neg & (-c * adv < value)
             value = torch.where(dual, -c * adv, value)
             grad = torch.where(dual, 0.0, grad)
-        if div == "k3":                                                     # grpo as published
-            inv_rho = torch.reciprocal(w) if ref is None else torch.exp(-lr)   # 1/rho
-            kl_u = inv_rho - 1.0 + lr                                       # k3(pi_ref/pi_theta), no weight
+        kl_u = D.estimate(w, lr, u)                                         # reported as stats["kl"]
+        if beta != 0:                                                       # grpo, grpo-corrected
             value = value + beta * kl_u
-            grad = grad + beta * (1.0 - inv_rho)
-        else:
-            kl_u = u - w + w * lr                                           # w k3(1/rho): UKL(pi_theta||pi_ref)
-            if div == "urkl":                                               # grpo-corrected: penalized
-                value = value + beta * kl_u
-                grad = grad + beta * w * lr
-            # dapo, reinforce++: reported, not penalized
+            grad = grad + beta * w * D.score(w, lr, None)
 
     # --- statistics (means over valid units; kl_old per token) ---
     tw, tlw = (w, lw) if level == "token" else (torch.exp(tok_lw), tok_lw)
     zero = torch.zeros((), dtype=dt, device=lp.device)
     stats = {
-        "ratio_mean": _sum(w * unit_w),
-        "kl": _sum(kl_u * unit_w),
-        "kl_old": _sum((tw * tlw - tw + 1.0) * tok_w),                    # E_old[w log w - w + 1]
+        "ratio_mean": row_sum(w * unit_w),
+        "kl": row_sum(kl_u * unit_w),
+        "kl_old": row_sum((tw * tlw - tw + 1.0) * tok_w),                    # E_old[w log w - w + 1]
     }
     for key, flag in (("clip_frac_low", low), ("clip_frac_high", high), ("clip_frac_dual", dual)):
-        stats[key] = _sum(flag * unit_w) if flag is not None else zero
+        stats[key] = row_sum(flag * unit_w) if flag is not None else zero
     grad_logp = grad * agg_w if level == "token" else grad * agg_w * m      # [B, T]: d/d logp_t
-    return _sum(value * agg_w), grad_logp.to(logp.dtype), stats, checks
+    return row_sum(value * agg_w), grad_logp.to(logp.dtype), stats, checks
 
 
 _COMPILED: dict = {}
@@ -337,15 +234,16 @@ class PrecomputedGradient(torch.autograd.Function):
         return grad_out * grad, None, None
 
 
-def fused_loss(name: str, logp, old_logp, advantages, mask, ref_logp, *, beta: float,
-               bounds: tuple | None, level: str, agg: str, clamp: float):
-    """(loss differentiable in logp, detached stats) of the loss ``name`` of rpg_ref.losses, whose
-    caller has checked the options and the shapes (check_tensors); bad data raises here."""
-    family, div = KERNELS[name]
+def fused_loss(spec, opts, logp, old_logp, advantages, mask, ref_logp, *, clamp: float,
+               sample_weight=None):
+    """(loss differentiable in logp, detached stats) of the loss of rpg_ref.losses that ``spec``
+    (its LossSpec) describes, with ``opts`` (its LossOptions, resolved); the caller has checked the
+    shapes (check_tensors); bad data raises here."""
     with torch.no_grad():
         value, grad, stats, checks = run_kernel(
-            family, div, logp.detach(), old_logp.detach(), advantages.detach(), mask,
-            None if ref_logp is None else ref_logp.detach(), float(beta), bounds, level, agg, clamp,
+            spec.family, spec.kl, logp.detach(), old_logp.detach(), advantages.detach(), mask,
+            None if ref_logp is None else ref_logp.detach(), opts.beta, opts.bounds, opts.level,
+            opts.agg, clamp, None if sample_weight is None else sample_weight.detach(),
             numel=logp.numel(), device_type=logp.device.type)
     refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
     loss = PrecomputedGradient.apply(logp, value.to(logp.dtype), grad)

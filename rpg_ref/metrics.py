@@ -18,6 +18,11 @@ bar, and the memory probes.
     updates                optimizer steps taken this step (<= K); early_stop 1 if kappa stopped it
     lr                     learning rate used this step
     logprob_diff_max       max |sampler log-prob - recomputed log-prob| (engines that report them)
+    rc_weight_mean         --rollout-correction tis|mis: mean weight min(r, C) or r 1{r <= C} over
+                           units (tokens or responses), r = pi_old / pi_sampler (rpg_ref.rollout_correction)
+    rc_capped_frac         fraction of units with r > C (truncated to C by tis, weight 0 by mis)
+    rc_log_ratio_max       max |log r| over units (0 when the sampler is exactly pi_old)
+    rc_ess                 effective sample size fraction of the weights, (sum w)^2 / (n sum w^2)
     dyn_rounds, dyn_kept   DAPO dynamic sampling: generation rounds, groups with non-constant rewards
     dyn_filled             1 if the batch was filled with informative groups, 0 if the cap was hit
     gen_tokens_per_s       generated tokens / rollout seconds
@@ -25,6 +30,9 @@ bar, and the memory probes.
     time_rollout, time_scoring, time_logprob, time_update, time_step   seconds per phase
     peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
     eval_*                 task evaluation (every --eval-every steps and at the end)
+
+Under torchrun (rpg_ref/distributed.py) every value covers all ranks' responses; time_* are rank
+0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 """
 
 from __future__ import annotations
@@ -118,11 +126,19 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def live_parameter_count() -> int:
-    """Elements in all nn.Parameter objects alive in this process (counts every model copy)."""
+    """Elements in all nn.Parameter objects alive in this process (counts every model copy).
+    Only elements with memory count: a sharded (DTensor) parameter counts this rank's shard, and
+    meta-device or freed parameters (FSDP's resharded full-size views) count nothing."""
     gc.collect()
     seen, n = set(), 0
     for obj in gc.get_objects():
-        if issubclass(type(obj), nn.Parameter) and id(obj) not in seen:
+        kind = type(obj)  # not isinstance(): that would read attributes of every object
+        # a DTensor parameter keeps its own type and is marked _is_param
+        is_param = issubclass(kind, nn.Parameter) or (
+            issubclass(kind, torch.Tensor) and getattr(obj, "_is_param", False))
+        if is_param and id(obj) not in seen:
             seen.add(id(obj))
-            n += obj.numel()
+            t = obj.to_local() if hasattr(obj, "to_local") else obj
+            if t.device.type != "meta" and t.untyped_storage().size() > 0:
+                n += t.numel()
     return n

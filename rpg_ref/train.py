@@ -6,7 +6,8 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
       1. sample G responses to each of B prompts with pi_old (= the current policy)   rollout
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
-         (--ref init: also log pi_ref(x) of the frozen initial policy)
+         (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
+         weights pi_old(x) / pi_sampler(x) from the engine's log-probs, rpg_ref.rollout_correction)
       4. A = advantage(R)  (group mean by default; rpg_ref.advantages)                 train, "4."
       5. for k = 1 .. K, over shuffled mini-batches:                                  update
            L = loss(log pi_theta, log pi_old, A; beta, pi_ref, clip)  (rpg_ref.losses)
@@ -41,15 +42,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rpg_ref import distributed as D
 from rpg_ref.advantages import compute_advantages
 from rpg_ref.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
-from rpg_ref.config import Config, loss_beta, resolved_adv, resolved_clip
+from rpg_ref.config import Config, loss_options, resolved_adv
 from rpg_ref.interfaces import Batch, collate
 from rpg_ref.kl import k3
 from rpg_ref.logprobs import micro_batches, token_logprobs
-from rpg_ref.losses import LOSSES
+from rpg_ref.losses import LOSSES, LossOptions
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.rollout_correction import weights_for_batch
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
@@ -74,26 +77,32 @@ def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Ba
     G, rounds_cap = cfg.group_size, cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else 1
     kept, dropped, rounds, t_gen, t_score, n_tok = [], [], 0, 0.0, 0.0, 0
     while len(kept) < cfg.prompts_per_step and rounds < rounds_cap:
-        prompts = task.sample_prompts(cfg.prompts_per_step - len(kept), gen)
+        prompts = task.sample_prompts(cfg.prompts_per_step - len(kept), gen)  # the same on every rank
         t0 = time.perf_counter()
-        g = engine.generate([p.ids for p in prompts], G, cfg.temperature, cfg.top_p, cfg.max_new_tokens)
+        lo, hi, resp, lps = D.generate_share(engine, prompts, G, cfg)  # this rank's [lo, hi) of n*G
         t1 = time.perf_counter()
-        r, correct = task.reward([p for p in prompts for _ in range(G)], g.responses)  # [n*G]
-        lengths = torch.tensor([len(x) for x in g.responses], device=r.device)
+        r, correct = (task.reward([prompts[k // G] for k in range(lo, hi)], resp) if resp else
+                      (torch.zeros(0, device=device), torch.zeros(0, dtype=torch.bool, device=device)))
+        lengths = torch.tensor([len(x) for x in resp], device=r.device)
         r = r + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+        r, correct, tok, has_lp = D.gather_scores(r, correct, int(lengths.sum()), lps is not None)  # [n*G]
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
-        rounds, n_tok = rounds + 1, n_tok + int(lengths.sum())
+        rounds, n_tok = rounds + 1, n_tok + tok
+        pad = ([None] * lo, [None] * (len(prompts) * G - hi))  # responses that other ranks sampled
+        resp, lps = pad[0] + resp + pad[1], pad[0] + lps + pad[1] if has_lp else None
         for i, p in enumerate(prompts):
             sl = slice(i * G, (i + 1) * G)
-            group = (p, g.responses[sl], None if g.logprobs is None else g.logprobs[sl], r[sl], correct[sl])
+            group = (p, resp[sl], None if lps is None else lps[sl], r[sl], correct[sl])
             informative = bool((r[sl] != r[sl][0]).any())
             (kept if informative or not cfg.dynamic_sampling else dropped).append(group)
     groups = (kept + dropped[::-1])[: cfg.prompts_per_step]
     slp = None if any(x[2] is None for x in groups) else [lp for x in groups for lp in x[2]]
-    batch = Batch(**collate([x[0].ids for x in groups for _ in range(G)],
-                            [resp for x in groups for resp in x[1]], task.pad_id, device, slp),
-                  rewards=torch.cat([x[3] for x in groups]).float().to(device),
-                  correct=torch.cat([x[4] for x in groups]).to(device))
+    lo, hi = D.share(len(groups) * G)  # this rank trains rows [lo, hi) of the batch
+    resp, slp = D.take_share([y for x in groups for y in x[1]], slp)
+    ids = [x[0].ids for x in groups for _ in range(G)][lo:hi]
+    batch = Batch(**collate(ids, resp, task.pad_id, device, slp),
+                  rewards=torch.cat([x[3] for x in groups])[lo:hi].float().to(device),
+                  correct=torch.cat([x[4] for x in groups])[lo:hi].to(device))
     info = {"time_rollout": t_gen, "time_scoring": t_score, "gen_tokens": n_tok}
     if cfg.dynamic_sampling:
         info.update(dyn_rounds=rounds, dyn_kept=min(len(kept), cfg.prompts_per_step),
@@ -131,15 +140,16 @@ def batch_logprobs(model: nn.Module, b: Batch, cfg: Config, entropy: bool) -> tu
 STAT_KEYS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_old")
 
 
-def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config) -> dict:
+def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
+           loss_opts: LossOptions) -> dict:
     """The inner loop: K optimizer steps on mini-batches of M responses, reshuffled every pass,
     each accumulated over micro-batches (at most --micro-batch-size responses and
     --micro-batch-tokens tokens: rpg_ref.logprobs.micro_batches). Stops before a step when the
     running mean of stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa."""
-    loss_fn, N, M = LOSSES[cfg.algo], len(b), cfg.mini_batch_size
-    mu, per_pass = cfg.micro_batch_size or M, N // M
+    loss_fn, N, M = LOSSES[cfg.algo], len(b), cfg.mini_batch_size  # N: this rank's rows
+    m = M // D.world()  # this rank's rows of each mini-batch of M
+    mu, per_pass = cfg.micro_batch_size or m, N // m
     K = cfg.updates_per_step or per_pass
-    loss_kw = dict(beta=loss_beta(cfg), clip=resolved_clip(cfg), level=cfg.level, agg=cfg.agg)
     params = [p for p in policy.parameters() if p.requires_grad]
     window = deque(maxlen=per_pass)
     acc = {k: [] for k in (*STAT_KEYS, "loss", "grad_norm")}
@@ -147,20 +157,24 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config)
     while n_upd < K and not early:
         perm = torch.randperm(N).to(b.mask.device)
         for j in range(min(per_pass, K - n_upd)):
-            mb = b.index(perm[j * M : (j + 1) * M])
+            mb = b.index(perm[j * m : (j + 1) * m])
             opt.zero_grad(set_to_none=True)
-            mb_tokens = float(mb.mask.sum())
+            mb_tokens = D.reduce_sum({"t": float(mb.mask.sum())})["t"]  # the global mini-batch's
             mstats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
-            for _, ub in micro_batches(mb, mu, cfg.micro_batch_tokens):  # padding cut per micro-batch
+            # padding cut per micro-batch; every rank runs as many (FSDP's collectives are per pass)
+            for ub, live in D.even_micro_batches(micro_batches(mb, mu, cfg.micro_batch_tokens)):
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)  # [mu, T']
-                loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp, **loss_kw)
+                loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
+                                      sample_weight=ub.rollout_weight, options=loss_opts)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
-                # (tokens for token-mean, sequences for the seq-mean aggregations)
+                # (tokens for token-mean, sequences for the seq-mean aggregations), over all ranks
                 w = float(ub.mask.sum()) / mb_tokens if cfg.agg == "token-mean" else len(ub) / M
+                w = w if live else 0.0
                 (loss * w).backward()
                 mstats["loss"] += float(loss.detach()) * w
                 for k in STAT_KEYS:
                     mstats[k] += float(stats[k]) * w
+            mstats = D.reduce_sum(mstats)  # the global mini-batch's statistics
             window.append(mstats["kl_old"])
             if sum(window) / len(window) > cfg.kappa:  # trust region left: this step is not applied
                 early = True
@@ -177,7 +191,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config)
     out = {k: sum(v) / len(v) if v else float("nan") for k, v in acc.items()}
     out["kl_loss"] = out.pop("kl")
     out.update(kl_old_last=sum(window) / len(window), updates=n_upd, early_stop=int(early),
-               train_tokens=train_tokens)
+               train_tokens=D.reduce_sum({"t": train_tokens})["t"])
     return out
 
 
@@ -212,6 +226,7 @@ class Run(NamedTuple):
     engine: Any  # rpg_ref.interfaces.Engine
     opt: torch.optim.Optimizer
     gen: torch.Generator  # the prompt stream
+    loss: LossOptions  # the loss's options, resolved once (rpg_ref.config.loss_options)
 
 
 def prepare(cfg: Config) -> Run:
@@ -219,6 +234,7 @@ def prepare(cfg: Config) -> Run:
     optimizer. A bad input raises ValueError here, before OUT is created."""
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
                           if cfg.device == "auto" else cfg.device)
+    device = D.init(cfg, device)  # under torchrun: join the process group (cuda: cuda:LOCAL_RANK)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -232,13 +248,16 @@ def prepare(cfg: Config) -> Run:
     policy.eval()  # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
     engine = resolve(ENGINES, cfg.engine, "engine")(policy, task, cfg)
+    policy, ref = D.shard(policy), D.shard(ref)  # FSDP2 under torchrun: 1/world of each per rank
     # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
     params = list(policy.parameters())
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=tuple(cfg.adam_betas), fused=fused)
-    seed_everything(cfg.seed + 1)  # the same stream whether the task's artifacts were cached or not
-    return Run(device, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2))
+    seed_everything(cfg.seed + 1 + D.seed_offset())  # the same stream, cached artifacts or not
+    D.barrier()  # every rank has checked its inputs before rank 0 writes
+    return Run(device, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
+               loss_options(cfg))
 
 
 def finished(cfg: Config) -> bool:
@@ -252,16 +271,19 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     out = Path(cfg.out)
     if finished(cfg):  # leave every file as it is
         return json.loads((out / "summary.json").read_text())
-    device, task, policy, ref, engine, opt, gen = run or prepare(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    if not cfg.resume:
-        atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
+    device, task, policy, ref, engine, opt, gen, loss_opts = run or prepare(cfg)
+    if D.is_main():  # rank 0 writes the run folder
+        out.mkdir(parents=True, exist_ok=True)
+        if not cfg.resume:
+            atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
     if start:
-        engine.sync_weights(policy)  # the engine was built before the checkpoint was loaded
-    log, bar = MetricsLog(out, start, cfg.tensorboard), Progress(cfg.steps, start, cfg.progress)
+        with D.gathered(policy):
+            engine.sync_weights(policy)  # the engine was built before the checkpoint was loaded
+    log = MetricsLog(out, start, cfg.tensorboard) if D.is_main() else None
+    bar = Progress(cfg.steps, start, cfg.progress and D.is_main())
     model_params = sum(p.numel() for p in policy.parameters())
-    row = log.last_row()  # {} for a new run
+    row = log.last_row() if log else {}  # {} for a new run
     last_eval = {k: v for k, v in row.items() if k.startswith("eval_")}
     live_params, t_run = None, time.perf_counter()
 
@@ -273,50 +295,60 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             g["lr"] = lr_at(step, cfg)
 
         # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
-        engine.wake()
-        batch, info = rollout(task, engine, cfg, gen, device)
-        engine.sleep()
+        with D.gathered(policy):  # torchrun: full weights for sampling and log-probs, then shards
+            engine.wake()
+            batch, info = rollout(task, engine, cfg, gen, device)
+            engine.sleep()
 
-        # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
-        t0 = time.perf_counter()
-        batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
+            # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
+            t0 = time.perf_counter()
+            batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
         if ref is not None:
-            batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
+            with D.gathered(ref):
+                batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
         m = batch.mask  # [N, T]
-        batch.adv = compute_advantages(
-            resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m, old_logp=batch.old_logp,
-            ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp, beta=cfg.beta)
+        batch.adv = D.advantages(  # torchrun: computed on the whole batch, this rank's rows kept
+            compute_advantages, resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m,
+            old_logp=batch.old_logp, beta=loss_opts.reward_beta,
+            ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
+        rc_stats = weights_for_batch(batch, cfg)  # --rollout-correction: pi_old / pi_sampler weights
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
         t0 = time.perf_counter()
-        stats = update(policy, opt, batch, cfg)
+        stats = update(policy, opt, batch, cfg, loss_opts)
         t_upd = time.perf_counter() - t0
-        engine.sync_weights(policy)
+        with D.gathered(policy):
+            engine.sync_weights(policy)
 
         # --- 7. metrics (keys explained in rpg_ref/metrics.py) and checkpoint ---
-        n_tok = m.sum()
-        kl_ref = 0.0 if ref is None else float((k3(batch.ref_logp - batch.old_logp) * m).sum() / n_tok)
-        row = {"step": step, "reward": float(batch.rewards.mean()),
-               "accuracy": float(batch.correct.float().mean()),
-               "entropy": float((ent * m).sum() / n_tok), "response_len": float(m.sum(1).mean()),
+        n_tok = m.sum()  # every value is over all ranks' rows (D.ratio, D.mean, D.reduce_*)
+        kl_ref = 0.0 if ref is None else D.ratio((k3(batch.ref_logp - batch.old_logp) * m).sum(), n_tok)
+        row = {"step": step, "reward": D.mean(batch.rewards),
+               "accuracy": D.mean(batch.correct.float()),
+               "entropy": D.ratio((ent * m).sum(), n_tok), "response_len": D.mean(m.sum(1)),
                **{k: v for k, v in stats.items() if k != "train_tokens"},
                "kl_ref": kl_ref, "lr": opt.param_groups[0]["lr"]}
         if batch.sampler_logp is not None:
-            row["logprob_diff_max"] = float(((batch.sampler_logp - batch.old_logp).abs() * m).max())
+            diff = float(((batch.sampler_logp - batch.old_logp).abs() * m).max())
+            row["logprob_diff_max"] = D.reduce_max({"d": diff})["d"]
+        row.update(rc_stats)
         row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
         row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
                    train_tokens_per_s=stats["train_tokens"] / max(t_upd, 1e-9),
                    time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
                    time_logprob=t_lp, time_update=t_upd)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            last_eval = {f"eval_{k}": v for k, v in task.evaluate(policy, engine).items()}
+            with D.gathered(policy):  # torchrun: rank 0 evaluates, the others wait for its result
+                ev = D.on_main(lambda: task.evaluate(policy, engine))
+            last_eval = {f"eval_{k}": v for k, v in ev.items()}
             row.update(last_eval)
         row["time_step"] = time.perf_counter() - t_step
-        row["peak_mem_mb"] = peak_memory_mb(device)
+        row["peak_mem_mb"] = D.reduce_max({"m": peak_memory_mb(device)})["m"]  # the largest rank's
         if live_params is None:
             live_params = live_parameter_count()
-        log.write(row)
+        if log:
+            log.write(row)
         bar.update(step, cfg.steps, row)
         if step % cfg.save_every == 0 or step == cfg.steps:
             save_checkpoint(out, step, policy, ref, opt, gen, cfg, keep=cfg.keep_checkpoints)
@@ -324,10 +356,13 @@ def train(cfg: Config, run: Run | None = None) -> dict:
 
     if live_params is None:
         live_params = live_parameter_count()
+    plain = D.plain_copy(policy)  # torchrun: rank 0 summarizes (and may export) a plain copy
+    task_summary = D.on_main(lambda: task.summary(plain, cfg))
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
-               "models_in_memory": live_params / model_params,
-               "wall_time_s_this_process": time.perf_counter() - t_run, **task.summary(policy, cfg)}
-    atomic_write(out / "summary.json", json.dumps(summary, indent=1))
+               "models_in_memory": live_params / model_params, "world_size": D.world(),
+               "wall_time_s_this_process": time.perf_counter() - t_run, **task_summary}
+    if D.is_main():
+        atomic_write(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 

@@ -2,6 +2,7 @@
 
     python small_scale/memory_budget.py [--config PATH] [--gpu-gib 80] [--prompt-len 1024]
                                         [--engine vllm|hf] [--unchunked] [--responses 2048 4096 8192]
+                                        [--ranks N]
 
 Counts parameters from a Hugging Face Qwen3 config.json (default: the shared Qwen3-4B config) and
 prints, for each response length, what is resident on the GPU in the two phases of a step:
@@ -17,6 +18,13 @@ prints, for each response length, what is resident on the GPU in the two phases 
       vllm: vLLM's bf16 weights + KV cache, the trainer's state either on the GPU or moved to
       pinned CPU memory; hf: the trainer's state stays, plus the engine's bf16 copy and a static
       KV cache for as many sequences as fit.
+
+--ranks N: per GPU of an N-rank torchrun run (rpg_ref/distributed.py, FSDP2): weights, gradients
+and AdamW state are 1/N each; during the update the root unit (embeddings = tied head, final norm)
+stays unsharded from forward to backward with its gradient, and a decoder layer is all-gathered at
+a time (plus FSDP's prefetch of the next, plus one layer's unsharded gradient); during the rollout
+and the log-prob passes the whole fp32 policy is gathered on every rank (so ranks can sample
+different lengths), next to the engine.
 
 Why fp32 master weights: bf16 keeps 8 significant bits, so a weight of magnitude 0.02 sits on a
 grid of spacing 2^-6 * 2^-8 ~ 6e-5 and an AdamW step of lr = 1e-6 is rounded away; the script
@@ -105,25 +113,34 @@ def bf16_loses_small_updates() -> tuple[bool, bool]:
 
 def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int, adam_bytes: int,
            reserve_gib: float, vllm_sleep_residual_gib: float, vllm_act_gib: float,
-           engine: str = "vllm", unchunked: bool = False) -> dict:
-    n = param_count(c)["total"]
+           engine: str = "vllm", unchunked: bool = False, ranks: int = 1) -> dict:
+    parts = param_count(c)
+    n = parts["total"]
     seq = prompt_len + resp
     act = activation_bytes(c, seq, resp, logit_chunk or auto_logit_chunk(c), unchunked=unchunked)
-    train = {"fp32 master weights": 4 * n, "fp32 gradients": 4 * n, f"AdamW m,v ({adam_bytes} B/param)": adam_bytes * n,
-             **{f"activations: {k}": v for k, v in act.items()}}
+    shard = "" if ranks == 1 else f" (1/{ranks} shard)"
+    train = {f"fp32 master weights{shard}": 4 * n / ranks, f"fp32 gradients{shard}": 4 * n / ranks,
+             f"AdamW m,v ({adam_bytes} B/param){shard}": adam_bytes * n / ranks}
+    if ranks > 1:  # FSDP2 units (rpg_ref.distributed.shard)
+        root = parts["embed"] + parts["lm_head"] + parts["final_norm"]
+        layer = parts["layers"] / c["num_hidden_layers"]
+        train["FSDP root unit unsharded fp32 + its gradient"] = 8 * root
+        train["FSDP 2 layers gathered + 1 layer's gradient"] = 3 * 4 * layer
+    train.update({f"activations: {k}": v for k, v in act.items()})
     if engine == "vllm":
         train["vLLM asleep (level 1): CUDA graphs, context"] = vllm_sleep_residual_gib * GiB
     train["CUDA context + allocator slack"] = reserve_gib * GiB
     kv_tok = kv_bytes_per_token(c)
     out = {"params": n, "seq": seq, "train": train, "train_total": sum(train.values())}
+    gathered = 0 if ranks == 1 else 4 * n  # rpg_ref.distributed.gathered: the full fp32 policy
     if engine == "hf":  # the trainer's weights and AdamW state stay; gradients were freed
-        resident = (4 + adam_bytes) * n
+        resident = (4 + adam_bytes) * n / ranks + gathered
         kv = gpu_gib * GiB - reserve_gib * GiB - resident - 2 * n
         out["rollout_hf"] = {"trainer state on GPU": resident, "hf engine bf16 copy": 2 * n,
                              "KV cache + sampling": kv, "CUDA context + allocator slack": reserve_gib * GiB,
                              "kv_tokens": int(kv // kv_tok), "concurrent_seqs": int(kv // kv_tok // seq)}
         return out
-    for mode, resident in (("offload", 0), ("resident", (4 + adam_bytes) * n)):
+    for mode, resident in (("offload", gathered), ("resident", (4 + adam_bytes) * n / ranks + gathered)):
         free = gpu_gib * GiB - reserve_gib * GiB - resident
         util = min(MAX_VLLM_UTIL, math.floor(100 * free / (gpu_gib * GiB)) / 100)
         kv = util * gpu_gib * GiB - 2 * n - vllm_act_gib * GiB
@@ -152,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reserve-gib", type=float, default=2.0, help="CUDA context + allocator fragmentation")
     ap.add_argument("--vllm-sleep-residual-gib", type=float, default=1.0)
     ap.add_argument("--vllm-act-gib", type=float, default=3.0, help="vLLM activations, sampler, CUDA graphs")
+    ap.add_argument("--ranks", type=int, default=1, help="per GPU of a torchrun run on this many GPUs (FSDP2)")
     args = ap.parse_args(argv)
     if not Path(args.config).is_file():
         raise SystemExit(f"config {args.config} not found (set RPG_DATA_DIR or pass --config)")
@@ -168,8 +186,9 @@ def main(argv=None) -> int:
     for resp in args.responses:
         b = budget(c, args.gpu_gib, args.prompt_len, resp, args.logit_chunk, args.adam_bytes,
                    args.reserve_gib, args.vllm_sleep_residual_gib, args.vllm_act_gib,
-                   args.engine, args.unchunked)
-        print(f"\n=== response {resp} tokens (sequence {b['seq']}), GPU {args.gpu_gib:.0f} GiB ===")
+                   args.engine, args.unchunked, args.ranks)
+        print(f"\n=== response {resp} tokens (sequence {b['seq']}), GPU {args.gpu_gib:.0f} GiB"
+              + (f", per rank of {args.ranks}" if args.ranks > 1 else "") + " ===")
         print(f"training phase ({'vLLM' if args.engine == 'vllm' else 'hf engine'} asleep):")
         for k, v in b["train"].items():
             print(f"  {k:<46} {v / GiB:7.2f} GiB")

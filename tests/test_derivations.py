@@ -15,7 +15,18 @@ import pytest
 sympy = pytest.importorskip("sympy", reason="derivations need sympy (pip install rpg-ref[verify])")
 
 import derivations
-from derivations import clipping, gpg, grpo_kl, k3, npg, offpolicy, tables, token_sequence, variance
+from derivations import (
+    clipping,
+    gpg,
+    grpo_kl,
+    k3,
+    npg,
+    offpolicy,
+    rollout_correction,
+    tables,
+    token_sequence,
+    variance,
+)
 from derivations.__main__ import format_table, main
 
 TESTED = set()
@@ -114,6 +125,20 @@ def test_subsec_rpg_style_clip(): ...
 
 @claim_test(token_sequence.check_token_vs_sequence)
 def test_token_vs_sequence_level(): ...
+
+
+# beyond the paper: a sampler mu != pi_old, corrected by rpg_ref.rollout_correction
+
+@claim_test(rollout_correction.check_rollout_correction_exact)
+def test_rollout_correction_exact(): ...
+
+
+@claim_test(rollout_correction.check_rollout_correction_token_level)
+def test_rollout_correction_token_level_bias(): ...
+
+
+@claim_test(rollout_correction.check_rollout_correction_cap)
+def test_rollout_correction_cap_bias(): ...
 
 
 # item 10: the results tables (on the committed transcription paper_figs/paper_results.json)

@@ -135,7 +135,8 @@ def test_token_budget_micro_batches_accumulate_the_sequence_micro_batch_gradient
         cfg = config.Config(prompts_per_step=1, group_size=8, mini_batch_size=8, grad_clip=0.0,
                             algo="rpg-reinforce-urkl", clip=[0.2, 0.28, 3.0], agg=agg, **extra)
         torch.manual_seed(0)
-        stats = train.update(policy, torch.optim.SGD(policy.parameters(), lr=1.0), b, cfg)
+        stats = train.update(policy, torch.optim.SGD(policy.parameters(), lr=1.0), b, cfg,
+                             config.loss_options(cfg))
         assert stats["updates"] == 1 and math.isfinite(stats["loss"])
         moved[name] = {n: p.detach() - start[n] for n, p in policy.named_parameters()}
     assert max(float(d.abs().max()) for d in moved["whole"].values()) > 1e-2

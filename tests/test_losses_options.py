@@ -1,6 +1,8 @@
-"""Rules about a loss's options, each stated once in rpg_ref.losses (parse_clip, check_options,
-loss_beta, default_beta) and called by the losses themselves, the trainer's config and the verl
-plugin. One test per rule; every refusal is a one-line ValueError that names the bad value."""
+"""Rules about a loss's options, each stated once in rpg_ref/loss_spec.py (parse_clip, check_beta,
+resolve; by a loss's name: rpg_ref.losses check_options, run_options, loss_beta, default_beta) and
+called by the losses themselves, the trainer's config and the verl plugin. One test per rule;
+every refusal is a one-line ValueError that names the bad value. The resolved LossOptions is made
+once per setting: a trainer passes it to every call, a library call's keywords are looked up."""
 
 import math
 import re
@@ -8,6 +10,7 @@ import re
 import pytest
 import torch
 
+import rpg_ref.loss_spec as S
 import rpg_ref.losses as L
 from rpg_ref.advantages import reinforce_pp
 
@@ -175,3 +178,58 @@ def test_every_loss_accepts_its_defaults():
     """default_beta then loss_beta gives a beta every loss accepts, with its default options."""
     for name in L.LOSSES:
         L.check_options(name, beta=L.loss_beta(name, L.default_beta(name, 1e-3)))
+
+
+def test_run_options_split_beta_between_loss_and_reward():
+    """A run's beta goes to the reward where the loss puts its KL there (reinforce++:
+    reward_beta), else to the loss; the clip resolves to bounds, the loss's default without one."""
+    o = L.run_options("reinforce++", beta=0.3)
+    assert (o.beta, o.reward_beta, o.bounds) == (0.0, 0.3, (0.8, 1.2, None))
+    o = L.run_options("rpg-reinforce-urkl", beta=0.3, clip=["0.2", "0.28", "3"],
+                      agg="seq-mean-token-sum")
+    assert (o.loss, o.beta, o.reward_beta) == ("rpg-reinforce-urkl", 0.3, 0.0)
+    assert o.bounds == (1 - 0.2, 1 + 0.28, 3.0) and o.agg == "seq-mean-token-sum"
+    assert L.run_options("rpg-urkl", beta=0.3, no_clip=True).bounds is None
+    _refused("beta must be a finite number >= 0", L.run_options, "reinforce++", beta=-1.0)
+    _refused("rpg-urkl has no KL in the reward", S.resolve, L.SPECS["rpg-urkl"], beta=0.0,
+             reward_beta=0.1)
+
+
+def _count_resolves(monkeypatch):
+    calls = []
+    real = L.resolve
+    monkeypatch.setattr(L, "resolve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("impl", L.IMPLS)
+def test_options_are_resolved_once_not_per_call(monkeypatch, impl):
+    """Given a LossOptions (the trainer's path), a call resolves nothing; given loose keywords
+    (a library call), the first call resolves them and later calls with the same ones look them
+    up. The result is the same either way, bit for bit."""
+    L._cached_options.cache_clear()
+    calls = _count_resolves(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    logp, old = -torch.rand(3, 4, generator=g), -torch.rand(3, 4, generator=g)
+    adv, mask = torch.randn(3, generator=g), torch.ones(3, 4)
+    kw = dict(beta=0.1, clip=[0.2, 0.28, 3.0], agg="seq-mean-token-mean")
+    opts = L.check_options("rpg-reinforce-ufkl", **kw)
+    assert len(calls) == 1
+    fn = L.get_loss("rpg-reinforce-ufkl")
+    with_opts = [fn(logp, old, adv, mask, options=opts, impl=impl)[0] for _ in range(3)]
+    assert len(calls) == 1
+    loose = [fn(logp, old, adv, mask, impl=impl, **kw)[0] for _ in range(3)]
+    assert len(calls) == 2
+    assert all(torch.equal(a, with_opts[0]) for a in with_opts + loose)
+
+
+def test_options_of_another_loss_or_with_keywords_refused():
+    """options= is a LossOptions resolved for this very loss, and comes alone."""
+    z, one = torch.zeros(1, 1), torch.ones(1, 1)
+    opts = L.check_options("rpg-urkl", beta=0.1)
+    _refused("rpg-fkl: options must be a LossOptions resolved for rpg-fkl .*loss='rpg-urkl'",
+             L.get_loss("rpg-fkl"), z, z, torch.zeros(1), one, options=opts)
+    _refused("rpg-fkl: options must be a LossOptions", L.get_loss("rpg-fkl"), z, z, torch.zeros(1),
+             one, options={"beta": 0.1})
+    _refused("rpg-urkl: give options", L.get_loss("rpg-urkl"), z, z, torch.zeros(1), one,
+             options=opts, beta=0.2)

@@ -212,6 +212,11 @@ class HFEngine:
                     raise ValueError(f"bad configuration: --hf-{name} must be one of {valid}, "
                                      f"got {value!r}")
 
+    @classmethod
+    def sampler_logprobs_missing(cls, cfg) -> str | None:
+        on = cls.Options(**cfg.engine_options).sampler_logprobs
+        return None if on else "--no-hf-sampler-logprobs turns them off; drop it"
+
     def __init__(self, policy, task, cfg):
         self.opt = o = self.Options(**cfg.engine_options)
         self.policy, self.task = policy, task

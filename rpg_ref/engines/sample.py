@@ -32,6 +32,10 @@ def sample_next(logits: Tensor, temperature: float, top_p: float) -> tuple[Tenso
 
 
 class SampleEngine(InProcessEngine):
+    @classmethod
+    def sampler_logprobs_missing(cls, cfg) -> str | None:
+        return None  # always reported (the trainer samples at temperature > 0)
+
     def __init__(self, policy, task, cfg):
         self.policy, self.task = policy, task
 

@@ -437,6 +437,10 @@ class VLLMEngine:
             if bad:
                 raise ValueError("bad configuration: " + "; ".join(bad))
 
+    @classmethod
+    def sampler_logprobs_missing(cls, cfg) -> str | None:
+        return None  # SamplingParams(logprobs=0): the sampled token's log-prob, always
+
     def __init__(self, policy, task, cfg, model_path: str | None = None):
         opt = self.Options(**getattr(cfg, "engine_options", {}))
         vllm, platform = _import_vllm()

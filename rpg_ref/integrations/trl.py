@@ -169,8 +169,9 @@ class RPGTrainer(GRPOTrainer):
             raise ValueError(f"{launched} processes were launched but accelerate sees "
                              f"{self.accelerator.num_processes}: on CPU set use_cpu=True (--use_cpu)")
         self.rpg_loss_fn = LOSSES[args.rpg_loss]
-        self.rpg_options = dict(beta=args.rpg_beta, clip=rpg_clip(args),
-                                level=args.importance_sampling_level, agg=LOSS_TYPE_AGG[args.loss_type])
+        self.rpg_options = check_options(  # resolved once; every loss call gets this LossOptions
+            args.rpg_loss, beta=args.rpg_beta, clip=rpg_clip(args),
+            level=args.importance_sampling_level, agg=LOSS_TYPE_AGG[args.loss_type])
 
     def _compute_loss(self, model, inputs):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -192,7 +193,7 @@ class RPGTrainer(GRPOTrainer):
         if bool(keep.any()):
             loss, stats = self.rpg_loss_fn(
                 logp[keep], old[keep], adv[keep], mask[keep],
-                ref_logp=None if ref is None else ref[keep], **self.rpg_options)
+                ref_logp=None if ref is None else ref[keep], options=self.rpg_options)
         else:                                           # nothing to learn; still a graph for DDP
             loss, stats = (logp * 0.0).sum(), {}
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0

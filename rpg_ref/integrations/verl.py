@@ -19,7 +19,8 @@ Actor-config keys read (actor_rollout_ref.actor.*):
                                else verl would add its own, unweighted KL on top: ValueError)
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
     clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all three
-                               (checked by rpg_ref.losses.parse_clip: the loss options' one rule book)
+                               (checked by rpg_ref.losses.parse_clip, the loss options' one
+                               rule book, on a setting's first call, then looked up)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
                                seq-mean-token-sum-norm
     global_batch_info          dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from rpg_ref.losses import LOSSES, SPECS, parse_clip
+from rpg_ref.losses import LOSSES, SPECS, cached_options, parse_clip
 
 BASE_NAMES = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")] + ["grpo-corrected"]
 REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES if not SPECS[n].always_clips]
@@ -64,6 +65,12 @@ def _get(config, key: str, default=None):
 
 def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
     """(beta, clip) from verl's actor config (module docstring); clip = (eps_low, eps_high, c or None)."""
+    beta, clip = _config_values(config, clipped)
+    return beta, parse_clip(clip)
+
+
+def _config_values(config, clipped: bool) -> tuple[float, tuple | None]:
+    """(beta, clip as verl's config gives it): the key of cached_options' remembered settings."""
     if config is None:
         raise ValueError("rpg losses need verl's actor config (beta = kl_loss_coef, clip ratios)")
     if _get(config, "use_kl_loss", False):
@@ -75,7 +82,7 @@ def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
         return beta, None
     eps = _get(config, "clip_ratio", 0.2)
     low, high = _get(config, "clip_ratio_low", eps), _get(config, "clip_ratio_high", eps)
-    return beta, parse_clip((low, high, _get(config, "clip_ratio_c", 3.0)))
+    return beta, (low, high, _get(config, "clip_ratio_c", 3.0))
 
 
 def _agg_plan(mode: str) -> str:
@@ -114,15 +121,16 @@ def _make(name: str):
         if rollout_is_weights is not None:
             raise ValueError(f"{name}: rollout_is_weights are not supported by the rpg losses; disable "
                              f"algorithm.rollout_correction for this loss")
-        beta, clip = read_config(config, clipped)
-        agg = _agg_plan(loss_agg_mode)
+        beta, clip = _config_values(config, clipped)
+        options = cached_options(base, beta=beta, clip=clip, level="token",
+                                 agg=_agg_plan(loss_agg_mode))
         info = dict(_get(config, "global_batch_info", {}) or {})
         mask = response_mask.to(log_prob.dtype if log_prob.is_floating_point() else torch.float32)  # [B, T]
         keep = mask.sum(-1) > 0                                                                     # [B]
         if not bool(keep.any()):  # nothing to learn from: a zero that still depends on log_prob
             return (log_prob * 0.0).sum(), {}
         loss, stats = fn(log_prob[keep], old_log_prob[keep], advantages[keep], mask[keep],
-                         beta=beta, clip=clip, level="token", agg=agg)
+                         options=options)
         loss = loss * verl_scale(loss_agg_mode, mask, info)
         with torch.no_grad():
             m = mask[keep]

@@ -1,0 +1,299 @@
+"""torchrun data parallelism (rpg_ref/distributed.py) on 2 CPU ranks with gloo.
+
+Each torchrun launch costs seconds, so they are shared: one launch of tests/distributed_worker.py
+(update equivalence, bytes per rank), one 2-rank bandit run (the regularized optimum, and the
+uninterrupted reference for resume), one run whose rank 1 is SIGKILLed, and its resume. These
+tests are marked ``distributed`` and left out of a plain ``pytest`` run (pyproject's addopts);
+run them with ``pytest -m distributed`` (CI does, in its own step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from rpg_ref import cli, config, train
+from rpg_ref import distributed as D
+
+pytestmark = pytest.mark.distributed
+REPO = Path(__file__).resolve().parents[1]
+TIMING_KEYS = ("time_", "_per_s", "peak_mem_mb")
+BANDIT = ["--task", "bandit", "--ref", "init", "--save-every", "50", "--no-progress"]
+
+
+def torchrun(args: list, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node", "2", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def finish(p: subprocess.Popen, timeout: float = 600) -> str:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, f"torchrun failed ({p.returncode}):\n{out[-3000:]}\n{err[-5000:]}"
+    return out
+
+
+def rows(out: Path) -> list:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------
+# one update: 2 ranks == 1 process on the union batch; bytes per rank
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("worker") / "results.json"
+    finish(torchrun([str(REPO / "tests" / "distributed_worker.py"), str(path)]))
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("case", ["token-mean", "seq-mean-token-mean",
+                                  "token-mean micro-batches by tokens, ref",
+                                  "seq-mean micro-batches of 2", "rollout correction tis, token",
+                                  "rollout correction mis, sequence"])
+def test_one_update_on_2_ranks_equals_one_process_on_union_batch(worker, case):
+    """One optimizer step (rpg_ref.train.update: micro-batch weights, global-norm clipping, fused
+    AdamW) of a float64 tiny Qwen3 on 2 FSDP2 ranks, each with half of a fixed batch, gives the
+    parameters of one process on the whole batch to 1e-12 (the step itself moves them by about
+    1e-2), for token-mean and seq-mean losses. Loss and gradient norm agree to 1e-12 as well."""
+    r = worker["cases"][case]
+    assert r["grad_clipped"]  # the global norm was used, not only computed
+    assert r["param_max_abs_change"] > 1e-3
+    assert r["param_max_abs_diff"] <= 1e-12, r
+    assert r["loss_grad_norm_max_abs_diff"] <= 1e-12, r
+
+
+def test_token_mean_statistics_equal_one_process(worker):
+    """With a token-mean loss every logged statistic of the update (loss, grad norm, kl_old,
+    ratio_mean, clip fractions) is the one-process value on the union batch (1e-12)."""
+    for case in ("token-mean", "token-mean micro-batches by tokens, ref"):
+        assert worker["cases"][case]["stats_max_abs_diff"] <= 1e-12, worker["cases"][case]
+
+
+def test_rollout_correction_statistics_equal_one_process(worker):
+    """--rollout-correction on 2 ranks: each rank weights its own rows (the update above equals the
+    one-process update on the union batch), and the logged rc_* statistics are those of the union
+    batch (1e-12): some weight was capped (tis, token level) or masked (mis, sequence level)."""
+    for case in ("rollout correction tis, token", "rollout correction mis, sequence"):
+        rc = worker["cases"][case]["rc_stats"]
+        assert set(rc) == {"rc_weight_mean", "rc_capped_frac", "rc_log_ratio_max", "rc_ess"}, rc
+        assert all(abs(one - two) <= 1e-12 for one, two in rc.values()), (case, rc)
+        assert 0 < rc["rc_capped_frac"][0] < 1 and rc["rc_ess"][0] < 1, (case, rc)
+
+
+def test_advantages_on_2_ranks_equal_the_whole_batch(worker):
+    """Every advantage estimator of rpg_ref.advantages (group mean, group mean/std, batch mean,
+    leave-one-out, REINFORCE++ and its baseline variant, which whiten over every token of the
+    batch) gives each rank exactly the rows of the one-process advantages of the whole batch,
+    also for a group that spans the two ranks (float64, 1e-12)."""
+    assert len(worker["advantages"]) == 6
+    for name, diff in worker["advantages"].items():
+        assert diff <= 1e-12, (name, diff)
+
+
+def test_parameter_and_optimizer_bytes_per_rank_are_half(worker):
+    """FSDP2 gives each of 2 ranks exactly half of the parameters' bytes and half of AdamW's
+    exp_avg and exp_avg_sq (the model's dimensions are even: no padding); the per-parameter step
+    counters (scalars) are the only replicated optimizer state."""
+    assert worker["world_size"] == 2
+    full = worker["model_bytes"]
+    for r in worker["per_rank"]:
+        assert r["param_bytes"] * 2 == full
+        assert r["opt_bytes"] * 2 == 2 * full
+    assert worker["step_counters_bytes"] < 1e-3 * full
+
+
+# ------------------------------------------------------------------------------------------
+# the bandit on 2 ranks: the regularized optimum; a killed rank; bitwise resume
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bandit_2_ranks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bandit2") / "run"
+    finish(torchrun(["-m", "rpg_ref.cli", *BANDIT, "--out", str(out)]))
+    return out
+
+
+def test_bandit_on_2_ranks_reaches_the_regularized_optimum_of_one_process(bandit_2_ranks, tmp_path):
+    """`torchrun --nproc_per_node 2 -m rpg_ref.cli --task bandit --ref init` reaches the optimum
+    of E[R] - beta KL(pi || pi_ref) that one process reaches: the same optimum (same pi_ref and
+    beta, equal to 1e-15), both final policies within total variation 0.02 of it (the one-process
+    test's tolerance), and within 0.02 of each other. summary.json records world_size 2."""
+    two = json.loads((bandit_2_ranks / "summary.json").read_text())
+    one = train.train(cli.parse_config([*BANDIT, "--out", str(tmp_path / "one")]))
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert np.abs(np.array(two["optimum"]) - np.array(one["optimum"])).max() < 1e-15
+    assert two["tv_distance"] < 0.02 and one["tv_distance"] < 0.02, (two["tv_distance"], one["tv_distance"])
+    assert 0.5 * np.abs(np.array(two["policy"]) - np.array(one["policy"])).sum() < 0.02
+    assert len(rows(bandit_2_ranks)) == config.PRESETS["bandit"]["steps"]
+
+
+def _rank_pid(torchrun_pid: int, rank: int, timeout: float = 60) -> int:
+    """The pid of a torchrun worker with RANK=rank (a child of the launcher)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        children = Path(f"/proc/{torchrun_pid}/task/{torchrun_pid}/children").read_text().split()
+        for c in children:
+            try:
+                env = Path(f"/proc/{c}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env:
+                return int(c)
+        time.sleep(0.2)
+    raise AssertionError("no worker found")
+
+
+@pytest.fixture(scope="module")
+def killed_rank(tmp_path_factory) -> dict:
+    """The bandit run of bandit_2_ranks, rank 1 SIGKILLed once the step-100 checkpoint exists."""
+    out = tmp_path_factory.mktemp("killed") / "run"
+    p = torchrun(["-m", "rpg_ref.cli", *BANDIT, "--out", str(out)])
+    pid = _rank_pid(p.pid, 1)
+    latest = out / "checkpoints" / "LATEST"
+    t0 = time.time()
+    while not (latest.exists() and latest.read_text().strip() >= "step_000100"):
+        assert p.poll() is None and time.time() - t0 < 600, "the run ended before step 100"
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    t_kill = time.time()
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("torchrun still running 60 s after a rank was killed") from None
+    return {"out": out, "seconds": time.time() - t_kill, "returncode": p.returncode, "stderr": err,
+            "steps_before": len(rows(out))}
+
+
+def test_killed_rank_stops_the_run_within_seconds(killed_rank):
+    """SIGKILL of rank 1 mid-run ends the whole torchrun job within 15 s (no hang; about 4 s on the
+    2-core machine), with a non-zero exit status, one line from rank 0 saying why it stopped, and
+    torchrun's report naming the rank and the signal."""
+    err = killed_rank["stderr"]
+    assert killed_rank["returncode"] != 0
+    assert killed_rank["seconds"] < 15, killed_rank["seconds"]
+    assert "rpg-train: rank 0 stopped: another rank died or stopped responding" in err
+    assert "SIGKILL" in err and "rank      : 1" in err
+    assert killed_rank["steps_before"] < config.PRESETS["bandit"]["steps"]
+
+
+def test_2_rank_run_resumes_bitwise_after_sigkill(killed_rank, bandit_2_ranks):
+    """The killed 2-rank run, resumed on 2 ranks, ends with bitwise the weights, pi_ref, AdamW
+    state and metrics (all but timings and memory) of the uninterrupted 2-rank run."""
+    out = killed_rank["out"]
+    finish(torchrun(["-m", "rpg_ref.cli", "--resume", str(out), "--no-progress"]))
+    ck, ref_ck = (o / "checkpoints" / (o / "checkpoints" / "LATEST").read_text().strip()
+                  for o in (out, bandit_2_ranks))
+    for name in ("model.safetensors", "ref.safetensors"):
+        assert (ck / name).read_bytes() == (ref_ck / name).read_bytes(), name
+    a, b = (torch.load(c / "optimizer.pt", weights_only=True) for c in (ck, ref_ck))
+    for k in b["state"]:
+        for key, v in b["state"][k].items():
+            assert torch.equal(a["state"][k][key], v), (k, key)
+    strip = lambda rs: [{k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rs]
+    assert strip(rows(out)) == strip(rows(bandit_2_ranks))
+
+
+def test_resume_on_another_world_size_is_refused(bandit_2_ranks, capsys):
+    """A 2-rank run resumed by one process is refused with one line naming both world sizes and
+    the command to use (exit code 2), before anything is written."""
+    before = (bandit_2_ranks / "metrics.jsonl").read_bytes()
+    assert cli.main(["--resume", str(bandit_2_ranks), "--steps", "400"]) == 2
+    err = capsys.readouterr().err
+    assert "written by 2 rank(s), this run has 1" in err and "--nproc_per_node 2" in err
+    assert len(err.strip().splitlines()) == 1
+    assert (bandit_2_ranks / "metrics.jsonl").read_bytes() == before
+
+
+def test_configurations_that_cannot_be_split_are_refused():
+    """A batch or mini-batch not divisible by the number of ranks, or a per-rank mini-batch not
+    divisible into micro-batches, is refused with the fix named."""
+    cfg = cli.parse_config(["--task", "bandit"])  # 1 prompt x 512, mini-batch 128
+    D.check_config(cfg, n_ranks=2)  # fine: groups may span ranks
+    with pytest.raises(ValueError, match="divisible by 3"):
+        D.check_config(cfg, n_ranks=3)
+    cfg.micro_batch_size = 48
+    with pytest.raises(ValueError, match="each rank's mini-batch"):
+        D.check_config(cfg, n_ranks=2)
+
+
+def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
+    """A rank that stops responding (SIGSTOP) makes the other rank's next collective time out
+    after --dist-timeout seconds (10 here): rank 0 prints its one-line reason (gloo's timeout)
+    between 5 and 30 s after the stop (rank 0 may already have been waiting for rank 1 when the
+    stop came: the bound below 10 s allows for that), and the job ends with a non-zero status
+    once the stopped rank can take torchrun's SIGTERM (it is continued after rank 0's line)."""
+    import threading
+
+    out = tmp_path / "run"
+    p = torchrun(["-m", "rpg_ref.cli", *BANDIT, "--dist-timeout", "10", "--out", str(out)])
+    pid = _rank_pid(p.pid, 1)
+    lines = []
+    reader = threading.Thread(target=lambda: [lines.append((time.time(), ln)) for ln in p.stderr],
+                              daemon=True)
+    reader.start()
+    while not (out / "metrics.jsonl").exists():
+        assert p.poll() is None, "the run ended before its first step"
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    try:
+        while not any("rank 0 stopped" in ln for _, ln in lines):
+            assert time.time() - t_stop < 120, "no rank reported the hang within 120 s"
+            time.sleep(0.1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    t_line, line = next((t, ln) for t, ln in lines if "rank 0 stopped" in ln)
+    assert 5 <= t_line - t_stop < 30, t_line - t_stop
+    assert "Timed out" in line
+    assert p.wait(timeout=120) != 0
+
+
+def test_math_task_on_2_ranks_trains_and_exports(tmp_path):
+    """The math task (the paper's recipe's code path: MathPolicy under bf16 autocast with gradient
+    checkpointing, the hf engine's bf16 copy, the real Qwen3 tokenizer, AMC23 problems) runs 2
+    steps on 2 ranks with a 2-layer Qwen3; rank 0 writes the run, and its Hugging Face export
+    holds the checkpoint's full policy (every tensor equal)."""
+    from safetensors.torch import load_file
+
+    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+
+    if not (data_dir() / "tokenizer" / "qwen3").exists():
+        pytest.skip("shared data absent: set RPG_DATA_DIR")
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(tiny_qwen3_config()))
+    out = tmp_path / "run"
+    finish(torchrun(["-m", "rpg_ref.cli", "--task", "math", "--math-model", str(model),
+                     "--math-train-data", "amc23", "--math-eval-data", "aime24", "--math-eval-limit", "2",
+                     "--math-eval-n", "2", "--math-eval-k", "1", "2", "--math-checker", "normalizer",
+                     "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+                     "--mini-batch-size", "2", "--micro-batch-size", "1", "--max-new-tokens", "4",
+                     "--overlong-buffer", "0", "--no-dynamic-sampling", "--device", "cpu",
+                     "--math-dtype", "bf16-autocast", "--math-gradient-checkpointing",
+                     "--out", str(out), "--no-progress"]))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["world_size"] == 2 and len(rows(out)) == 2 and "eval_aime24_mean@2" in s["eval"]
+    exported = load_file(str(out / "hf" / "model.safetensors"))
+    trained = load_file(str(out / "checkpoints" / "step_000002" / "model.safetensors"))
+    trained = {k.removeprefix("module."): v for k, v in trained.items()}
+    trained = {("model.embed_tokens.weight" if k == "lm_head.weight" else k): v for k, v in trained.items()}
+    assert exported.keys() == trained.keys()
+    for k, v in trained.items():
+        assert torch.equal(exported[k], v), k
