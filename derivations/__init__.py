@@ -31,11 +31,13 @@ CHECKS.sort(key=lambda c: _ORDER.index(c.__module__.rsplit(".", 1)[1]))
 __all__ = ["CHECKS", "run_all"]
 
 
-def run_all(fast: bool = False, only=None) -> list[dict]:
-    """Run every registered check (or those whose id/label contains one of ``only``)."""
+def run_all(fast: bool = False, only=None, on_check=None) -> list[dict]:
+    """Run every registered check (or those whose id/label contains one of ``only``);
+    ``on_check(i, n, check)`` is called before each (progress)."""
+    chosen = [c for c in CHECKS if not only or any(s in c.id or s in c.label for s in only)]
     rows = []
-    for check in CHECKS:
-        if only and not any(s in check.id or s in check.label for s in only):
-            continue
+    for i, check in enumerate(chosen):
+        if on_check is not None:
+            on_check(i, len(chosen), check)
         rows.append(check(fast=fast))
     return rows

@@ -40,6 +40,11 @@ def format_table(rows: list[dict], claim_width: int = 58, timings: bool = True) 
     return "\n".join(out)
 
 
+def _progress(i: int, n: int, check) -> None:
+    """One status line on stderr, rewritten before each check (the table comes at the end)."""
+    print(f"\r\033[Krpg-verify: [{i + 1}/{n}] {check.label}", end="", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rpg-verify", description=__doc__.split("\n\n")[1])
     ap.add_argument("--fast", action="store_true", help="smaller Monte-Carlo samples and grids (CI)")
@@ -50,7 +55,10 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     t0 = time.perf_counter()
-    rows = run_all(fast=args.fast, only=args.only)
+    live = sys.stderr.isatty()  # a terminal: one status line, rewritten (logs get the table only)
+    rows = run_all(fast=args.fast, only=args.only, on_check=_progress if live else None)
+    if live:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)  # clear the status line
     total = time.perf_counter() - t0
     if not rows:
         raise SystemExit(f"no check matches --only {args.only}")

@@ -4,6 +4,8 @@
     rpg-figs --only NAME [...]    some of them (--list shows the names)
     rpg-figs --out DIR --logs DIR
     rpg-figs --skip-missing-logs  render what can be rendered when an experiment has no logs
+
+The figures of your own rpg-train runs: rpg-plot RUN [RUN ...] (rpg_ref/plot.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ def main(argv: list | None = None) -> int:
         for f in FIGURES.values():
             print(f"{f.name:45s} {f.paper_label}" + (f"  [logs: {f.experiment}]" if f.experiment else ""))
         return 0
+    logs = Path(a.logs)
+    user_runs = sorted(m.parent for pattern in ("metrics.jsonl", "*/metrics.jsonl")
+                       for m in logs.glob(pattern))
+    if user_runs and not any(logs.glob("*/experiment.json")):  # rpg-train runs, not small_scale logs
+        runs = " ".join(str(r) for r in user_runs[:4]) + (" ..." if len(user_runs) > 4 else "")
+        print(f"rpg-figs: {logs} holds rpg-train runs, not small_scale/run_experiments.py logs; "
+              f"draw and compare them with: rpg-plot {runs} --out runs.png", file=sys.stderr)
+        return 2
     names = a.only or list(FIGURES)
     bad = [n for n in names if n not in FIGURES]
     if bad:

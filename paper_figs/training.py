@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rpg_ref import strict_json
+
 from ._common import REPO_ROOT, plt, save
 
 DEFAULT_LOGS = REPO_ROOT / "small_scale" / "logs"
@@ -54,7 +56,7 @@ def read_jsonl(path: Path) -> list[dict]:
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(strict_json.loads(line))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i + 1}: not a JSON object ({e})") from e
     if not rows:
@@ -81,7 +83,7 @@ def load_experiment(exp: str, logs=DEFAULT_LOGS) -> dict:
         for m in seeds:
             s = m.parent / "summary.json"
             recs.append({"seed": int(m.parent.name[4:]), "metrics": read_jsonl(m),
-                         "summary": json.loads(s.read_text()) if s.exists() else None})
+                         "summary": strict_json.loads(s.read_text()) if s.exists() else None})
         runs[run] = recs
     return {"spec": spec, "runs": runs}
 

@@ -12,7 +12,6 @@ to one that was never interrupted (tests/test_train.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from rpg_ref.strict_json import dumps, loads
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -76,7 +77,7 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
     else:  # the full state of a sharded run (rpg_ref.distributed.full_states)
         for name, content in full.items():
             (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
-    (tmp / "state.json").write_text(json.dumps({"step": step, "config": dataclasses.asdict(cfg),
+    (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg),
                                                 "world_size": D.world()}))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -92,7 +93,7 @@ def latest_step(out: Path) -> int:
     latest = out / "checkpoints" / "LATEST"
     if not latest.exists():
         return 0
-    return json.loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
+    return loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
 
 
 def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
@@ -109,7 +110,7 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
         st = D.load_full_states(ck, policy, ref, opt)
         set_rng_state(st)
         gen.set_state(st["prompt_gen"])
-        return json.loads((ck / "state.json").read_text())["step"]
+        return loads((ck / "state.json").read_text())["step"]
     dev = str(next(policy.parameters()).device)
     load_model(policy, str(ck / "model.safetensors"), device=dev)
     if ref is not None:
@@ -118,4 +119,4 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
     st = torch.load(ck / "rng.pt", weights_only=True)
     set_rng_state(st)
     gen.set_state(st["prompt_gen"])
-    return json.loads((ck / "state.json").read_text())["step"]
+    return loads((ck / "state.json").read_text())["step"]

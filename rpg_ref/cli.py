@@ -5,7 +5,9 @@
 
 The flags are generated from the Config dataclass (rpg_ref/config.py) and from every registered
 task's and engine's ``Options`` dataclass, so ``--help`` is always the dataclasses' own text.
-A bad configuration is one line on stderr and exit code 2, before anything is written.
+A bad configuration is one line on stderr and exit code 2, before anything is written; a usage
+error (unknown flag, bad value) two lines. Ctrl-C (SIGINT) or SIGTERM ends a run with one line
+naming the step reached, what is saved and the --resume command, exit code 130 / 143.
 """
 
 from __future__ import annotations
@@ -13,8 +15,14 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import json
+import re
+import shlex
+import signal
 import sys
+import textwrap
+import threading
 import typing
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,7 @@ from rpg_ref import distributed as D
 from rpg_ref.checkpoint import latest_step
 from rpg_ref.config import DEFAULT_PRESET, PRESETS, Config, fill_options, preset_for, validate
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.strict_json import loads
 from rpg_ref.train import finished, prepare, train
 
 RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints",
@@ -58,12 +67,34 @@ def _default(f: dataclasses.Field):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
+class UsageError(ValueError):
+    """A command line argparse cannot read (unknown flag, missing or mistyped value)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # two lines, not the 60-line usage argparse prints first
+        raise UsageError(f"{message}\nrun `rpg-train --help` for every option")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps help text at spaces only: a loss name such as rpg-reinforce-urkl stays whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rpg-train", argument_default=argparse.SUPPRESS,
+    p = _Parser(
+        prog="rpg-train", argument_default=argparse.SUPPRESS, allow_abbrev=False,
+        formatter_class=_Formatter,
         description=f"Train with the RPG paper's losses (rpg_ref/train.py). The defaults shown are "
                     f"what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or --task "
-                    f"NAME) starts from another preset's values ({', '.join(PRESETS)}).")
+                    f"NAME) starts from another preset's values ({', '.join(PRESETS)}). "
+                    f"--algo is one of: {', '.join(L.LOSSES)}.")
     hints, preset = typing.get_type_hints(Config), PRESETS[DEFAULT_PRESET]
     for f in dataclasses.fields(Config):
         if not f.metadata.get("cli", True):
@@ -97,7 +128,10 @@ def _typed(flags: dict) -> dict:
     """Flag strings -> config values: --clip through the loss library's parser, betas to floats."""
     flags = dict(flags)
     if flags.get("clip") is not None:
-        L.parse_clip(flags["clip"])  # refuses a malformed or out-of-range clip, naming it
+        try:  # the loss library's rule refuses a malformed or out-of-range clip
+            L.parse_clip(flags["clip"])
+        except ValueError as e:
+            raise ValueError(f"bad configuration: --clip {' '.join(map(str, flags['clip']))}: {e}") from None
         flags["clip"] = [float(v) for v in flags["clip"]]  # stored as given ('inf' stays inf)
     if "adam_betas" in flags:
         flags["adam_betas"] = [float(v) for v in flags["adam_betas"]]
@@ -118,11 +152,45 @@ def parse_config(argv: list | None = None) -> Config:
     cfg = Config(**values)
     if "beta" not in flags and cfg.algo in L.LOSSES:
         cfg.beta = L.default_beta(cfg.algo, cfg.beta)  # e.g. dapo: no KL, so 0 unless asked
-    if cfg.out is None:
-        cfg.out = f"runs/{cfg.task}-{cfg.algo}-s{cfg.seed}"
     fill_options(cfg, options, owners)
-    validate(cfg)
+    if cfg.out is None:
+        cfg.out = default_out(cfg, name, flags)
+    try:
+        validate(cfg)
+    except ValueError as e:
+        raise ValueError(f"{e}{_from_preset(str(e), name, flags)}") from None
     return cfg
+
+
+# in the default --out's name, or (as for the output-folder check) not part of a run's identity
+OUT_NAME_KEYS = ("preset", "task", "algo", "seed", "out", "resume", "progress", "tensorboard")
+
+
+def default_out(cfg: Config, preset: str, flags: dict) -> str:
+    """runs/<task, or the preset when it is not the task's own>-<algo>-s<seed>, plus the first 6 hex
+    digits of a hash of the flags that change the preset's values (sorted: their order does not
+    matter). Two configurations never share a folder; the run with no flags stays
+    runs/seq-rpg-reinforce-urkl-s0."""
+    name = cfg.task if preset == preset_for(cfg.task, None) else preset
+    defaults = {f.name: _default(f) for f in dataclasses.fields(Config)}
+    defaults.update({dest: _default(f) for dest, _, f, _, _ in option_flags()})
+    defaults.update(PRESETS[preset])
+    changed = {k: v for k, v in _typed(flags).items()
+               if k not in OUT_NAME_KEYS and defaults.get(k, object()) != v}
+    if not changed:
+        return f"runs/{name}-{cfg.algo}-s{cfg.seed}"
+    digest = hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest}"
+
+
+def _from_preset(message: str, preset: str, flags: dict) -> str:
+    """'; --x V came from preset P' for each flag the message names that the user did not give."""
+    notes = []
+    for flag in dict.fromkeys(re.findall(r"--([a-z][a-z0-9-]*)", message)):
+        key = flag.replace("-", "_")
+        if key in PRESETS[preset] and key not in flags:
+            notes.append(f"--{flag} {PRESETS[preset][key]} came from --preset {preset}")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _resume_config(flags: dict) -> Config:
@@ -135,7 +203,7 @@ def _resume_config(flags: dict) -> Config:
     if not path.is_file():
         raise ValueError(f"--resume {out}: no run there ({path} not found)")
     try:
-        stored = json.loads(path.read_text())
+        stored = loads(path.read_text())
         cfg = Config(**stored)
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
@@ -156,25 +224,66 @@ def _resume_config(flags: dict) -> Config:
     return cfg
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that both end a run the same way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+def interrupted_message(cfg: Config | None, signum: int) -> str:
+    """One line: the signal, the step reached, what is saved, and the command that continues."""
+    name = signal.Signals(signum).name
+    out = Path(cfg.out) if cfg is not None and cfg.out else None
+    if out is None or not (out / "config.json").is_file():
+        return f"rpg-train: interrupted ({name}) before the run started; nothing was written"
+    metrics = out / "metrics.jsonl"
+    done = metrics.read_text().count("\n") if metrics.is_file() else 0  # complete rows: steps done
+    saved = latest_step(out)
+    kept = (f"checkpoint of step {saved} in {out / 'checkpoints'}" if saved
+            else "no checkpoint yet (the run restarts from step 1; the same command works too)")
+    return (f"rpg-train: interrupted ({name}) after step {done} of {cfg.steps}; saved: {kept}; "
+            f"continue with: rpg-train --resume {shlex.quote(str(out))}")
+
+
 def main(argv: list | None = None) -> int:
-    try:  # every user mistake (flags, data, model, device, folder) is caught before OUT is written
-        cfg = parse_config(argv)
-        run = None if finished(cfg) else prepare(cfg)
-    except ValueError as e:
-        print(f"rpg-train: {e}", file=sys.stderr)
-        return 2
-    if run is None:
-        print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
-              f"(pass --steps N to extend it)")
+    cfg = None
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        s = train(cfg, run)
-    except Exception as e:
-        if not D.peer_failure(e):
-            raise
-        print(f"rpg-train: rank {D.rank()} stopped: another rank died or stopped responding "
-              f"({str(e).splitlines()[0][:160]}); torchrun's report names the rank that failed first",
-              file=sys.stderr)
-        return 1
+        try:  # every user mistake (flags, data, model, device, folder) is caught before OUT is written
+            cfg = parse_config(argv)
+            run = None if finished(cfg) else prepare(cfg)
+        except ValueError as e:
+            print(f"rpg-train: {e}", file=sys.stderr)
+            return 2
+        if run is None:
+            print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
+                  f"(pass --steps N to extend it)")
+        try:
+            s = train(cfg, run)
+        except Exception as e:
+            if not D.peer_failure(e):
+                raise
+            print(f"rpg-train: rank {D.rank()} stopped: another rank died or stopped responding "
+                  f"({str(e).splitlines()[0][:160]}); torchrun's report names the rank that failed "
+                  f"first", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt as e:  # Ctrl-C (SIGINT) or SIGTERM: a line, no traceback
+        signum = getattr(e, "signum", signal.SIGINT)
+        if D.is_main():  # under torchrun every rank gets the signal: one line is enough
+            print(("\n" if cfg is not None and cfg.progress else "") + interrupted_message(cfg, signum),
+                  file=sys.stderr)
+        return 128 + signum
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     D.shutdown()
     if not D.is_main():
         return 0

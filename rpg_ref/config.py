@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -23,7 +22,9 @@ import torch
 import rpg_ref.losses as L
 import rpg_ref.rollout_correction as RC
 from rpg_ref.advantages import ADVANTAGES, GROUP_ESTIMATORS
+from rpg_ref.checkpoint import latest_step
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.strict_json import loads
 
 
 def _f(default, help: str, **kw):
@@ -191,6 +192,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # `rpg-train --task math` (no --preset): the paper's recipe on the math task's default engine (hf)
 PRESETS["math"] = {k: v for k, v in PRESETS["qwen3-4b-h100"].items() if k != "engine"}
+# the math pipeline on a CPU in about a minute: a tiny random Qwen3 (the real tokenizer and chat
+# template), real training problems, the paper's loss and clip, DAPO's overlong penalty over the
+# last 8 of 32 tokens, then Mean@k / Pass@k on 8 AMC23 problems. It checks the pipeline, not the
+# learning: random text never ends nor holds an answer, so every reward is -1 - 1 (wrong, overlong).
+PRESETS["math-cpu"] = dict(
+    PRESETS["math"], device="cpu", threads=1, steps=4, prompts_per_step=4, group_size=4,
+    max_new_tokens=32, dynamic_sampling=False, overlong_buffer=8, mini_batch_size=8,
+    micro_batch_size=0, lr=1e-4, warmup_steps=0, eval_every=0, save_every=2,
+    math_model="tiny-qwen3", math_train_limit=256, math_eval_data=["amc23"], math_eval_limit=8,
+    math_eval_n=2, math_eval_k=[1, 2], math_dtype="float32", math_gradient_checkpointing=False)
 DEFAULT_PRESET = "seq"
 
 
@@ -266,46 +277,50 @@ def validate(cfg: Config) -> None:
     if adv.startswith("reinforce++") != spec.kl_in_reward:
         bad(f"--adv {adv} does not fit --algo {cfg.algo} (reinforce++ losses need reinforce++ advantages)")
     if cfg.group_size < 1 or cfg.prompts_per_step < 1:
-        bad(f"group_size ({cfg.group_size}) and prompts_per_step ({cfg.prompts_per_step}) must be >= 1")
+        bad(f"--group-size ({cfg.group_size}) and --prompts-per-step ({cfg.prompts_per_step}) must be >= 1")
     if cfg.group_size == 1 and adv in GROUP_ESTIMATORS:
         bad(f"--group-size 1 with the group baseline {adv!r}: every advantage would be 0; use "
             f"--group-size >= 2 or --adv batch-mean")
     if cfg.updates_per_step is not None and cfg.updates_per_step < 1:
         bad(f"K = --updates-per-step must be >= 1, got {cfg.updates_per_step}")
     if not cfg.kappa > 0:
-        bad(f"kappa must be > 0 (inf disables the KL early stop), got {cfg.kappa}")
+        bad(f"--kappa must be > 0 (inf disables the KL early stop), got {cfg.kappa}")
     n = cfg.prompts_per_step * cfg.group_size
     if cfg.mini_batch_size < 1 or n % cfg.mini_batch_size:
         bad(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {n} responses) is not "
-            f"divisible into mini-batches of {cfg.mini_batch_size}")
+            f"divisible into mini-batches of --mini-batch-size {cfg.mini_batch_size}")
     if cfg.micro_batch_size < 0 or (cfg.micro_batch_size and cfg.mini_batch_size % cfg.micro_batch_size):
-        bad(f"mini_batch_size {cfg.mini_batch_size} is not divisible into micro-batches of "
-            f"{cfg.micro_batch_size}")
+        bad(f"--mini-batch-size {cfg.mini_batch_size} is not divisible into micro-batches of "
+            f"--micro-batch-size {cfg.micro_batch_size}")
     if cfg.micro_batch_tokens < 0 or cfg.logprob_chunk < 0:
-        bad(f"micro_batch_tokens ({cfg.micro_batch_tokens}) and logprob_chunk ({cfg.logprob_chunk}) "
+        bad(f"--micro-batch-tokens ({cfg.micro_batch_tokens}) and --logprob-chunk ({cfg.logprob_chunk}) "
             f"must be >= 0 (0 = no limit / auto)")
     if not cfg.temperature > 0:
-        bad(f"temperature must be > 0, got {cfg.temperature}")
+        bad(f"--temperature must be > 0, got {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:
-        bad(f"top_p must be in (0, 1], got {cfg.top_p}")
+        bad(f"--top-p must be in (0, 1], got {cfg.top_p}")
     if cfg.threads < 0:
-        bad(f"threads must be >= 0, got {cfg.threads}")
+        bad(f"--threads must be >= 0, got {cfg.threads}")
     if cfg.keep_checkpoints < 0 or cfg.save_every < 1:
-        bad(f"need keep_checkpoints >= 0 and save_every >= 1; got {cfg.keep_checkpoints}, {cfg.save_every}")
+        bad(f"need --keep-checkpoints >= 0 and --save-every >= 1; got {cfg.keep_checkpoints}, "
+            f"{cfg.save_every}")
     check_device(cfg.device)
-    if cfg.steps < 1 or cfg.max_new_tokens < 1:
-        bad(f"steps ({cfg.steps}) and max_new_tokens ({cfg.max_new_tokens}) must be >= 1")
+    if cfg.steps < 1:
+        bad(f"--steps must be >= 1, got {cfg.steps}")
+    if cfg.max_new_tokens < 1:
+        bad(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
     if not cfg.lr > 0 or cfg.weight_decay < 0 or cfg.grad_clip < 0:
-        bad(f"need lr > 0, weight_decay >= 0, grad_clip >= 0; got {cfg.lr}, {cfg.weight_decay}, "
+        bad(f"need --lr > 0, --weight-decay >= 0, --grad-clip >= 0; got {cfg.lr}, {cfg.weight_decay}, "
             f"{cfg.grad_clip}")
     if cfg.ref not in ("iterative", "init"):
         bad(f"--ref must be 'iterative' or 'init', got {cfg.ref!r}")
     if cfg.lr_decay not in ("constant", "cosine"):
         bad(f"--lr-decay must be 'constant' or 'cosine', got {cfg.lr_decay!r}")
     if cfg.overlong_buffer < 0 or cfg.overlong_buffer > cfg.max_new_tokens:
-        bad(f"overlong_buffer must be in [0, max_new_tokens={cfg.max_new_tokens}], got {cfg.overlong_buffer}")
+        bad(f"--overlong-buffer must be in [0, --max-new-tokens {cfg.max_new_tokens}], got "
+            f"{cfg.overlong_buffer}")
     if cfg.dynamic_sampling and cfg.dynamic_sampling_rounds < 1:
-        bad(f"dynamic_sampling_rounds must be >= 1, got {cfg.dynamic_sampling_rounds}")
+        bad(f"--dynamic-sampling-rounds must be >= 1, got {cfg.dynamic_sampling_rounds}")
     if cfg.dynamic_sampling and cfg.group_size < 2:
         bad("--dynamic-sampling needs --group-size >= 2 (a group of one always has equal rewards)")
     check_rollout_correction(cfg)
@@ -381,9 +396,11 @@ def check_output_folder(cfg: Config) -> None:
     if not os.access(ancestor, os.W_OK):
         raise ValueError(f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out")
     if not cfg.resume and (out / "config.json").exists():
-        stored = json.loads((out / "config.json").read_text())
+        stored = loads((out / "config.json").read_text())
         diff = sorted(k for k, v in dataclasses.asdict(cfg).items()
                       if stored.get(k) != v and k not in ("progress", "tensorboard", "resume"))
+        if not diff and latest_step(out) == 0:
+            return  # the same run, stopped before its first checkpoint: it starts again from step 1
         what = f"a different config (fields {diff})" if diff else "the same config"
         raise ValueError(f"bad configuration: output folder {out} already holds a run with {what}; "
                          f"pass --resume {out} to continue it, or choose another --out")

@@ -52,6 +52,7 @@ import logging
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -350,7 +351,8 @@ def _score_job(job: dict, backend: str) -> dict:
 def _serve(backend: str) -> None:
     """Worker loop (`python -m rpg_ref.math_reward --worker BACKEND`): warms up, writes "ready",
     then answers one JSON job per stdin line with one JSON result per stdout line."""
-    out = sys.stdout.buffer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to handle:
+    out = sys.stdout.buffer                       # it closes stdin, which ends this loop
     _score_job({"region": "Answer: $x = \\frac{1}{2}$", "style": "answer", "gold": "0.5"}, backend)
     _score_job({"answer": "(1, \\sqrt{2})", "gold": "(1, 2^{1/2})"}, backend)
     out.write(b'"ready"\n')  # imports and first-call set-up are done: time limits start from here

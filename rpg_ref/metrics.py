@@ -38,7 +38,6 @@ Under torchrun (rpg_ref/distributed.py) every value covers all ranks' responses;
 from __future__ import annotations
 
 import gc
-import json
 import resource
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import torch
 from torch import nn
 
 from rpg_ref.checkpoint import atomic_write
+from rpg_ref.strict_json import dumps, loads
 
 
 class MetricsLog:
@@ -54,7 +54,7 @@ class MetricsLog:
     def __init__(self, out: Path, start_step: int, tensorboard: bool):
         self.path = out / "metrics.jsonl"
         if self.path.exists():
-            keep = [ln for ln in self._lines() if json.loads(ln)["step"] <= start_step]
+            keep = [ln for ln in self._lines() if loads(ln)["step"] <= start_step]
             atomic_write(self.path, "".join(ln + "\n" for ln in keep))
         self.tb = None
         if tensorboard:
@@ -70,11 +70,11 @@ class MetricsLog:
     def last_row(self) -> dict:
         """The latest row written ({} for a new run)."""
         rows = self._lines()
-        return json.loads(rows[-1]) if rows else {}
+        return loads(rows[-1]) if rows else {}
 
     def write(self, row: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(dumps(row) + "\n")
             f.flush()  # survives a killed process (the OS holds the data)
         if self.tb is not None:
             for k, v in row.items():
@@ -83,10 +83,14 @@ class MetricsLog:
 
 
 class Progress:
-    """A tqdm bar when tqdm is installed, else one line per step (or nothing when disabled)."""
+    """A tqdm bar when tqdm is installed, else one line per step (or nothing when disabled).
+    ``phase`` names the part of a step that is running (rollout, log-probs, update, evaluation,
+    checkpoint) in the bar's description while steps are slow (over a second)."""
+
+    SLOW_S = 1.0
 
     def __init__(self, total: int, initial: int, enabled: bool):
-        self.bar, self.enabled = None, enabled
+        self.bar, self.enabled, self.slow = None, enabled, True  # slow until a step says otherwise
         if enabled:
             try:
                 from tqdm import tqdm
@@ -95,9 +99,15 @@ class Progress:
             except ImportError:
                 pass
 
+    def phase(self, name: str) -> None:
+        if self.bar is not None and self.slow:
+            self.bar.set_description_str(f"rpg-train [{name}]")
+
     def update(self, step: int, total: int, row: dict) -> None:
         msg = {k: f"{row[k]:.3g}" for k in ("reward", "accuracy", "kl_old", "entropy") if k in row}
+        self.slow = row.get("time_step", 0.0) > self.SLOW_S
         if self.bar is not None:
+            self.bar.set_description_str("rpg-train", refresh=False)
             self.bar.set_postfix(msg)
             self.bar.update(1)
         elif self.enabled:
@@ -105,7 +115,21 @@ class Progress:
 
     def close(self):
         if self.bar is not None:
+            self.bar.set_description_str("rpg-train", refresh=False)
             self.bar.close()
+
+
+def task_progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar for a task's own long phase (e.g. the seq task's warm start), or None (no tqdm,
+    or progress disabled: then one line says what is running)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(f"{desc}: {total} steps ...", flush=True)
+        return None
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False)
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import random
 import time
@@ -53,6 +52,7 @@ from rpg_ref.losses import LOSSES, LossOptions
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.rollout_correction import weights_for_batch
+from rpg_ref.strict_json import dumps, loads
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
@@ -270,12 +270,12 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     """Run (or resume) the training described by ``cfg``; returns the summary dict."""
     out = Path(cfg.out)
     if finished(cfg):  # leave every file as it is
-        return json.loads((out / "summary.json").read_text())
+        return loads((out / "summary.json").read_text())
     device, task, policy, ref, engine, opt, gen, loss_opts = run or prepare(cfg)
     if D.is_main():  # rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         if not cfg.resume:
-            atomic_write(out / "config.json", json.dumps(dataclasses.asdict(cfg), indent=1))
+            atomic_write(out / "config.json", dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
     if start:
         with D.gathered(policy):
@@ -296,11 +296,13 @@ def train(cfg: Config, run: Run | None = None) -> dict:
 
         # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
         with D.gathered(policy):  # torchrun: full weights for sampling and log-probs, then shards
+            bar.phase("rollout")
             engine.wake()
             batch, info = rollout(task, engine, cfg, gen, device)
             engine.sleep()
 
             # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
+            bar.phase("log-probs")
             t0 = time.perf_counter()
             batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
         if ref is not None:
@@ -315,6 +317,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
+        bar.phase("update")
         t0 = time.perf_counter()
         stats = update(policy, opt, batch, cfg, loss_opts)
         t_upd = time.perf_counter() - t0
@@ -339,6 +342,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
                    time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
                    time_logprob=t_lp, time_update=t_upd)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            bar.phase("evaluation")
             with D.gathered(policy):  # torchrun: rank 0 evaluates, the others wait for its result
                 ev = D.on_main(lambda: task.evaluate(policy, engine))
             last_eval = {f"eval_{k}": v for k, v in ev.items()}
@@ -351,6 +355,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             log.write(row)
         bar.update(step, cfg.steps, row)
         if step % cfg.save_every == 0 or step == cfg.steps:
+            bar.phase("checkpoint")
             save_checkpoint(out, step, policy, ref, opt, gen, cfg, keep=cfg.keep_checkpoints)
     bar.close()
 
@@ -363,6 +368,6 @@ def train(cfg: Config, run: Run | None = None) -> dict:
                "models_in_memory": live_params / model_params, "world_size": D.world(),
                "wall_time_s_this_process": time.perf_counter() - t_run, **task_summary}
     if D.is_main():
-        atomic_write(out / "summary.json", json.dumps(summary, indent=1))
+        atomic_write(out / "summary.json", dumps(summary, indent=1))
     return summary
 

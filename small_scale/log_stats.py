@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics as st
 from pathlib import Path
+
+from rpg_ref import strict_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,7 +30,7 @@ def main() -> None:
             cols = {k: [] for k in ("ent_first5", "ent_last5", "kl_old", "clip_low", "clip_high", "len_last10")}
             ev_steps = []
             for seed_dir in sorted((root / exp / run).glob("seed*")):
-                m = [json.loads(x) for x in (seed_dir / "metrics.jsonl").read_text().splitlines()]
+                m = [strict_json.loads(x) for x in (seed_dir / "metrics.jsonl").read_text().splitlines()]
                 cols["ent_first5"].append(st.mean(r["entropy"] for r in m[:5]))
                 cols["ent_last5"].append(st.mean(r["entropy"] for r in m[-5:]))
                 cols["kl_old"].append(st.mean(r["kl_old"] for r in m))

@@ -29,6 +29,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from rpg_ref import strict_json
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIGS = HERE / "configs"
@@ -87,12 +89,12 @@ def _round(v):
 
 
 def trim_metrics(src: Path, keys: list, every: int) -> str:
-    rows = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    rows = [strict_json.loads(x) for x in src.read_text().splitlines() if x.strip()]
     last = rows[-1]["step"]
     out = []
     for r in rows:
         if r["step"] % every == 0 or r["step"] == last or any(k.startswith("eval_") for k in r):
-            out.append(json.dumps({k: _round(r[k]) for k in keys if k in r}, separators=(",", ":")))
+            out.append(strict_json.dumps({k: _round(r[k]) for k in keys if k in r}, separators=(",", ":")))
     return "\n".join(out) + "\n"
 
 
@@ -123,12 +125,12 @@ def run_one(job: tuple) -> tuple:
     dst.mkdir(parents=True, exist_ok=True)
     out = Path(cfg.out)
     (dst / "metrics.jsonl").write_text(trim_metrics(out / "metrics.jsonl", keys, every))
-    summary = json.loads((out / "summary.json").read_text())
+    summary = strict_json.loads((out / "summary.json").read_text())
     summary["runner_wall_time_s"] = wall
     summary["config"] = portable(summary["config"])
-    (dst / "summary.json").write_text(json.dumps(summary, indent=1))
-    config = portable(json.loads((out / "config.json").read_text()))
-    (dst / "config.json").write_text(json.dumps(config, indent=1))
+    (dst / "summary.json").write_text(strict_json.dumps(summary, indent=1))
+    config = portable(strict_json.loads((out / "config.json").read_text()))
+    (dst / "config.json").write_text(strict_json.dumps(config, indent=1))
     return run, seed, wall
 
 

@@ -1,4 +1,8 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the line that says up front which tests will skip here."""
+
+import os
+import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -20,3 +24,64 @@ def _fresh_working_directory(tmp_path_factory, monkeypatch):
     checkout (runs/, caches) cannot change a test's outcome, and no test writes into the checkout
     through a relative default path such as runs/<task>-<algo>-s<seed>."""
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+# ---------------------------------------------------------------------------------------------
+# one line, before the first test: how many tests will skip here, and why
+# ---------------------------------------------------------------------------------------------
+
+_skipped_files: list[tuple[str, str]] = []  # (file, reason): modules skipped while collected
+
+
+def pytest_collectreport(report):
+    if report.skipped and report.nodeid.endswith(".py"):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        _skipped_files.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+
+def _skip_reason(item) -> str | None:
+    """The reason an item will be skipped by its skip / skipif markers (None: it will run)."""
+    for mark in item.iter_markers("skip"):
+        return mark.kwargs.get("reason", mark.args[0] if mark.args else "unconditional skip")
+    for mark in item.iter_markers("skipif"):
+        condition = mark.args[0] if mark.args else mark.kwargs.get("condition")
+        if isinstance(condition, bool) and condition:
+            return mark.kwargs.get("reason", "skipif")
+    return None
+
+
+def _why(reason: str) -> str:
+    """A skip reason, shortened to what a user can act on (one entry per cause)."""
+    if "RPG_DATA_DIR" in reason:
+        return "no shared data: put shared/ beside the clone or set RPG_DATA_DIR"
+    if "RPG_PAPER_TEX" in reason:
+        return "no paper .tex: set RPG_PAPER_TEX"
+    if "CUDA" in reason and "CPU-only" not in reason and "without CUDA" not in reason:
+        return "no GPU"
+    return reason.split(":")[0].split(" (")[0]
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: the tests that will run
+def pytest_collection_modifyitems(session, config, items):
+    """Print the skip forecast once (the only process, or xdist's first worker, whose stderr is the
+    terminal's): the tests/needs.py markers and any other skip marker, by reason, and the test
+    files skipped whole (an optional package that is absent)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") not in (None, "gw0") or config.option.collectonly:
+        return
+    reasons = Counter()
+    for item in items:
+        reason = _skip_reason(item)
+        if reason is not None:
+            reasons[_why(reason)] += 1
+    parts = [f"{n} ({reason})" for reason, n in reasons.most_common()]
+    if _skipped_files:
+        why = Counter(_why(r) for _, r in _skipped_files)
+        parts.append(f"{len(_skipped_files)} whole test file(s) ({'; '.join(why)})")
+    if not parts:
+        line = f"rpg-ref: none of the {len(items)} tests will skip here"
+    else:
+        n = sum(reasons.values())
+        line = (f"rpg-ref: {n} of {len(items)} tests will skip here: {', '.join(parts)} (see "
+                f"tests/needs.py; -ra lists each)")
+    print(line, file=sys.__stderr__, flush=True)

@@ -4,6 +4,7 @@ import math
 from fractions import Fraction
 
 import pytest
+from needs import needs_data
 
 from rpg_ref import evaluation as ev
 from rpg_ref.math_data import data_dir, load_problems, tiny_qwen3_config
@@ -63,6 +64,8 @@ def _need(path):
         pytest.skip(f"{path} not found: set RPG_DATA_DIR to the shared data folder")
 
 
+@needs_data("eval", "aime24.jsonl")
+@needs_data("tokenizer", "qwen3")
 def test_evaluate_sets_scores_decoded_responses():
     """evaluate_sets with a fake generator: 3 of 4 samples say the right AIME answer for problem 0,
     none for problem 1 -> mean@4 = 3/8, pass@4 = 1/2, pass@1 = 3/8."""
@@ -111,6 +114,9 @@ def _tiny_qwen3(tmp_path):
     return out
 
 
+@needs_data("eval", "aime24.jsonl")
+@needs_data("tokenizer", "qwen3")
+@needs_data("models", "qwen3-0.6b")
 def test_rpg_eval_runs_on_a_tiny_random_qwen3(tmp_path, capsys):
     _need(data_dir() / "eval" / "aime24.jsonl")
     model_dir = _tiny_qwen3(tmp_path)

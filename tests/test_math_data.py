@@ -3,6 +3,7 @@ import builtins
 import json
 
 import pytest
+from needs import needs_data
 
 from rpg_ref import math_data as md
 
@@ -12,6 +13,7 @@ def _need_data():
         pytest.skip(f"{md.data_dir()} has no eval/: set RPG_DATA_DIR to the shared data folder")
 
 
+@needs_data("eval")
 def test_shared_sets_load_with_their_row_counts_and_answer_types():
     _need_data()
     counts = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500}

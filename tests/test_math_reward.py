@@ -4,6 +4,7 @@ import re
 import sys
 
 import pytest
+from needs import needs_data
 
 from rpg_ref import math_reward as mr
 from rpg_ref.math_data import data_dir, load_problems
@@ -55,6 +56,7 @@ def test_user_message_is_the_papers_instruction_problem_reminder():
         mr.user_message("  ")
 
 
+@needs_data("tokenizer", "qwen3")
 def test_chat_prompt_uses_the_qwen3_template_and_thinking_switch():
     tok = _tokenizer()
     off = mr.chat_prompt(tok, "What is 2+2?", enable_thinking=False)
@@ -184,6 +186,7 @@ def _gold_str(a):
     return str(int(a)) if isinstance(a, float) else a
 
 
+@needs_data("eval")
 @pytest.mark.parametrize("name", EVAL_SETS)
 def test_every_gold_answer_gets_full_marks(checker, name):
     """Every gold answer written as the final line "Answer: <gold>" and as \\boxed{<gold>} is correct."""
@@ -214,6 +217,7 @@ def _wrong_answers(golds):
     return [str(int(float(g)) + 1) if g in ints else wrong[g] for g in golds]
 
 
+@needs_data("eval")
 @pytest.mark.parametrize("name", EVAL_SETS)
 def test_wrong_answers_get_no_marks(checker, name):
     golds = [p.answer for p in _eval_set(name)]
@@ -224,6 +228,7 @@ def test_wrong_answers_get_no_marks(checker, name):
     assert checker.last_stats.timeouts == 0 and checker.last_stats.errors == 0
 
 
+@needs_data("eval")
 @pytest.mark.skipif(not mr.math_verify_available(), reason="math-verify not installed")
 def test_math_verify_alone_verifies_every_gold():
     """math-verify (no canonical-string shortcut) parses and verifies every gold against itself."""
@@ -234,6 +239,7 @@ def test_math_verify_alone_verifies_every_gold():
 
 BASE_N_ANSWERS = {"52_8", "40_9", "2516_8", "4210_{5}", "204_5", "4343_6"}
 
+@needs_data("eval")
 
 def test_normalizer_parses_math500_golds():
     """The normalizer's parser understands every MATH-500 gold answer (its label, as in

@@ -252,6 +252,46 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
 
 
 # ------------------------------------------------------------------------------------------
+# the math-cpu preset
+# ------------------------------------------------------------------------------------------
+
+
+def test_math_cpu_preset_runs_the_tiny_qwen3_on_real_problems(tmp_path, capsys):
+    """`rpg-train --preset math-cpu` (here one step, 8 tokens, 2 evaluation problems) builds the tiny Qwen3
+    from the shared 0.6B config (2 layers of width 64, the real vocabulary), tokenizes real
+    training problems with the real tokenizer, trains, evaluates Mean@k / Pass@k on AMC23 and
+    saves a checkpoint and the HF export."""
+    from transformers import AutoConfig
+
+    out = tmp_path / "run"
+    assert cli.main(["--preset", "math-cpu", "--steps", "1", "--math-eval-limit", "2", "--no-progress",
+                     "--max-new-tokens", "8", "--overlong-buffer", "2", "--out", str(out)]) == 0
+    (row,) = _rows(out)
+    assert row["step"] == 1 and row["accuracy"] == 0.0 and -2.0 <= row["reward"] <= 1.0
+    assert 1 <= row["response_len"] <= 8
+    for key in ("eval_amc23_mean@1", "eval_amc23_pass@1", "eval_amc23_mean@2", "eval_amc23_pass@2"):
+        assert 0.0 <= row[key] <= 1.0, key
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["train_problems"] == 256
+    shared = json.loads(CONFIG.read_text())
+    exported = AutoConfig.from_pretrained(out / "hf")
+    assert (exported.num_hidden_layers, exported.hidden_size) == (2, 64)
+    assert exported.vocab_size == shared["vocab_size"]
+    assert (out / "hf" / "tokenizer.json").is_file() and (out / "checkpoints" / "LATEST").is_file()
+
+
+def test_math_cpu_preset_without_the_shared_data_is_one_line(tmp_path, monkeypatch, capsys):
+    """Without the shared data (RPG_DATA_DIR pointing at an empty folder) math-cpu is refused in
+    one line that names RPG_DATA_DIR, with exit code 2 and nothing written."""
+    monkeypatch.setenv("RPG_DATA_DIR", str(tmp_path / "empty"))
+    out = tmp_path / "run"
+    assert cli.main(["--preset", "math-cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "RPG_DATA_DIR" in err[0], err
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------
 # refusals
 # ------------------------------------------------------------------------------------------
 
@@ -260,7 +300,7 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     (["--math-prompt", "xml"], "--math-prompt must be one of"),
     (["--math-scoring", "ternary"], "--math-scoring must be one of"),
     (["--math-dtype", "fp8"], "--math-dtype must be one of"),
-    (["--math-eval-k", "4"], r"--math-eval-k values must be in \[1, eval_n=2\]"),
+    (["--math-eval-k", "4"], r"--math-eval-k values must be in \[1, --math-eval-n 2\]"),
     (["--math-eval-temperature", "0"], "greedy"),
     (["--math-train-limit", "1"], "1 usable problems .* < --prompts-per-step 2"),
     (["--math-max-prompt-tokens", "10"], "40 dropped as longer than 10 prompt tokens"),

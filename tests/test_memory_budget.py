@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from needs import needs_data
 
 from rpg_ref.math_data import data_dir
 
@@ -14,6 +15,7 @@ mb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mb)
 
 
+@needs_data("models")
 @pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"])
 def test_param_count_equals_the_instantiated_model(name):
     """The analytic count equals sum(p.numel()) of the HF model built on the meta device (no memory)."""
@@ -28,6 +30,7 @@ def test_param_count_equals_the_instantiated_model(name):
     assert mb.param_count(cfg)["total"] == sum(p.numel() for p in model.parameters())
 
 
+@needs_data("models", "qwen3-4b")
 def test_kv_cache_bytes_and_the_4b_budget_fits():
     path = data_dir() / "models" / "qwen3-4b" / "config.json"
     if not path.is_file():
@@ -41,6 +44,7 @@ def test_kv_cache_bytes_and_the_4b_budget_fits():
     assert mb.bf16_loses_small_updates() == (True, False)
 
 
+@needs_data("models", "qwen3-4b")
 def test_chunked_lm_head_makes_qwen3_4b_at_8k_fit_by_the_estimate():
     """The estimate for the qwen3-4b-h100-8k preset (8,192-token responses, 1,024-token prompts,
     micro-batch 1): with the LM head in the trainer's automatic chunks (512 MiB of fp32 logits =

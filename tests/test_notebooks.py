@@ -7,7 +7,6 @@ the training runs of notebook 5; the committed notebooks are built without it.
 """
 
 import importlib.util
-import os
 import re
 import shutil
 from pathlib import Path
@@ -18,6 +17,9 @@ pytest.importorskip("jupytext", reason="notebook tests need the [notebooks] extr
 pytest.importorskip("nbclient", reason="notebook tests need the [notebooks] extra")
 pytest.importorskip("ipykernel", reason="notebook tests need the [notebooks] extra")
 import nbformat  # after the skips, whose message an ImportError would hide
+from needs import needs_paper_tex
+
+from derivations.paper_tables import paper_tex_path
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -121,18 +123,12 @@ def test_notebook_opens_and_closes_as_a_reader_needs(name):
     assert last.source.startswith("## What we learned") and "figure" in last.source
 
 
-def _paper_tex() -> Path:
-    data = os.environ.get("RPG_DATA_DIR")
-    shared = Path(data).parent if data else ROOT.parent / "shared"
-    return shared / "paper" / "rpg_paper.tex"
-
-
+@needs_paper_tex
 @pytest.mark.parametrize("name", NAMES)
 def test_paper_labels_named_in_a_notebook_exist(name):
-    """Every paper label a notebook names (in backticks) is a \\label in the paper's source."""
-    tex = _paper_tex()
-    if not tex.exists():
-        pytest.skip(f"{tex} not found: set RPG_DATA_DIR to the shared data folder (paper/ beside it)")
+    """Every paper label a notebook names (in backticks) is a \\label in the paper's source (the
+    only notebook test that needs it: the notebooks themselves run without it)."""
+    tex = paper_tex_path()
     labels = set(re.findall(r"\\label\{([^}]*)\}", tex.read_text()))
     cells = build.read_source(NB_DIR / f"{name}.py").cells
     header = PAPER_LABEL.findall(cells[0].source.split("**Paper labels.**", 1)[1].split("\n\n")[0])

@@ -11,6 +11,7 @@ import copy
 import json
 
 import pytest
+from needs import needs_paper_tex
 
 from derivations import paper_tables as pt
 from derivations import tables
@@ -130,6 +131,7 @@ def test_average_columns_checked_to_printed_rounding():
     assert got == [("a", True, 0.17), ("b", False, 0.4)]
 
 
+@needs_paper_tex
 def test_committed_transcription_matches_the_paper():
     """Re-parsing rpg_paper.tex gives exactly the committed paper_figs/paper_results.json."""
     path = pt.paper_tex_path()

@@ -120,12 +120,16 @@ def test_bandit_ref_init_reaches_kl_regularized_optimum(tmp_path, algo, extra):
 
 def test_bandit_iterative_reference_concentrates_on_best_arm(tmp_path):
     """With the iterative reference (pi_ref = pi_old every step) the KL only limits each step:
-    the policy moves to the best arm (probability > 0.99 after 300 steps)."""
+    the policy moves to the best arm (probability > 0.99 after 300 steps), and the run holds one
+    model (the parameters alive before it, other tests' models in this process, not counted)."""
+    from rpg_ref.metrics import live_parameter_count
+
+    before = live_parameter_count()
     s = run(["--preset", "bandit", "--out", str(tmp_path / "o")])
     p = np.array(s["policy"])
     best = int(np.argmax(s["rewards"]))
     assert p[best] > 0.99, f"p(best arm) = {p[best]:.4f}, policy {p.round(4)}"
-    assert s["models_in_memory"] == 1
+    assert s["live_params"] - before == s["model_params"], (s["live_params"], before)
 
 
 # ------------------------------------------------------------------------------------------

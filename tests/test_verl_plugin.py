@@ -1,7 +1,7 @@
 """verl plugin: verl's own get_policy_loss_fn(name) returns the rpg_ref loss, rescaled to verl's
 aggregation, for every registered name (float64, exact agreement of values and gradients).
 
-Needs verl (its own environment in CI: see the README's verl section); skipped otherwise.
+Needs verl (its own environment in CI: see docs/verl.md); skipped otherwise.
 """
 import os
 import subprocess

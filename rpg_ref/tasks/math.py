@@ -53,6 +53,11 @@ from rpg_ref.logprobs import LMParts, hf_lm_parts
 PROMPT_STYLES = ("answer", "boxed")
 SCORINGS = ("pm1", "binary")
 DTYPES = ("float32", "bf16-autocast", "bfloat16")
+# --math-model TINY_MODEL: Qwen3-0.6B's config from the shared data shrunk to 2 layers of width 64,
+# randomly initialized: the real vocabulary, tokenizer and chat template at a size a CPU runs in
+# seconds (the math-cpu preset). It is written as a config.json under --cache-dir, which then loads
+# like any other config.json (model_source).
+TINY_MODEL = "tiny-qwen3"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -217,6 +222,26 @@ def check_model_source(spec: str, flag: str) -> None:
                          f"and the hub ({host}:{port}) cannot be reached ({e}): {fix}") from e
 
 
+def model_source(spec: str, cache_dir: str) -> str:
+    """--math-model as the loaders take it: TINY_MODEL becomes CACHE_DIR/tiny-qwen3/config.json
+    (rewritten when the shared config changes), anything else is returned as it is."""
+    if spec != TINY_MODEL:
+        return spec
+    from rpg_ref.checkpoint import atomic_write
+    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+
+    shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
+    if not shared.is_file():
+        raise ValueError(f"--math-model {spec} is built from Qwen3-0.6B's config {shared}, which is "
+                         f"absent: set RPG_DATA_DIR to the shared data folder (models/, tokenizer/)")
+    path = Path(cache_dir) / TINY_MODEL / "config.json"
+    text = json.dumps(tiny_qwen3_config(), indent=1)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    return str(path)
+
+
 def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -266,7 +291,8 @@ class MathTask:
     class Options:
         model: str = field(default="Qwen/Qwen3-4B", metadata={"help": "policy: a Hugging Face "
                            "checkpoint folder or hub id, or a config.json (file or weightless folder) "
-                           "for a randomly initialized model"})
+                           f"for a randomly initialized model, or {TINY_MODEL!r} (Qwen3-0.6B's "
+                           "shared config shrunk to 2 layers of width 64, random: for CPUs)"})
         tokenizer: str = field(default="", metadata={"help": "tokenizer folder or hub id ('' = the "
                                "model's own; the shared Qwen3 tokenizer for a bare config)"})
         dtype: str = field(default="float32", metadata={"help": f"one of {DTYPES}: fp32; fp32 master "
@@ -330,9 +356,10 @@ class MathTask:
             if name in self.eval_sets:
                 raise ValueError(f"--math-eval-data: two sets are named {name!r}")
             self.eval_sets[name] = ps
-        check_model_source(o.model, "--math-model")
-        self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(o.model)
-        if self.tokenizer_path != o.model:  # the model's own tokenizer was checked just above
+        self.model_spec = model_source(o.model, cfg.cache_dir)
+        check_model_source(self.model_spec, "--math-model")
+        self.tokenizer_path = o.tokenizer or _default_tokenizer_dir(self.model_spec)
+        if self.tokenizer_path != self.model_spec:  # the model's own tokenizer was checked above
             check_model_source(self.tokenizer_path, "--math-tokenizer")
         self.tokenizer = _flagged("--math-tokenizer", self.tokenizer_path, _load_tokenizer,
                                   self.tokenizer_path)
@@ -368,15 +395,16 @@ class MathTask:
         if o.dtype not in DTYPES:
             bad(f"--math-dtype must be one of {DTYPES}, got {o.dtype!r}")
         if o.train_limit < 0 or o.eval_limit < 0 or o.max_prompt_tokens < 0 or o.eval_n < 0:
-            bad("train_limit, eval_limit, max_prompt_tokens and eval_n must be >= 0")
+            bad("--math-train-limit, --math-eval-limit, --math-max-prompt-tokens and --math-eval-n "
+                "must be >= 0")
         if o.eval_n:
             if not o.eval_data:
                 bad("--math-eval-data is empty (use --math-eval-n 0 for no evaluation)")
             wrong = [k for k in o.eval_k if not 1 <= k <= o.eval_n]
             if wrong or not o.eval_k:
-                bad(f"--math-eval-k values must be in [1, eval_n={o.eval_n}], got {o.eval_k}")
+                bad(f"--math-eval-k values must be in [1, --math-eval-n {o.eval_n}], got {o.eval_k}")
             if o.eval_temperature < 0 or not 0 < o.eval_top_p <= 1:
-                bad(f"need eval_temperature >= 0 and 0 < eval_top_p <= 1, got "
+                bad(f"need --math-eval-temperature >= 0 and 0 < --math-eval-top-p <= 1, got "
                     f"{o.eval_temperature}, {o.eval_top_p}")
             if o.eval_temperature == 0 and o.eval_n > 1:
                 bad("--math-eval-temperature 0 (greedy) gives identical samples: use --math-eval-n 1")
@@ -386,7 +414,7 @@ class MathTask:
     # --- Task protocol -------------------------------------------------------------------------
     def build_policy(self) -> nn.Module:
         o = self.opt
-        model = load_hf_model(o.model, o.dtype, o.attn_implementation, self.device)
+        model = load_hf_model(self.model_spec, o.dtype, o.attn_implementation, self.device)
         n_vocab = model.get_input_embeddings().weight.shape[0]
         if len(self.tokenizer) > n_vocab:
             raise ValueError(f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
@@ -461,13 +489,14 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
     from safetensors.torch import load_model
 
     from rpg_ref.config import Config
+    from rpg_ref.strict_json import loads
 
     out = Path(out)
     latest = out / "checkpoints" / "LATEST"
     if not (out / "config.json").is_file() or not latest.is_file():
         raise ValueError(f"{out}: not a run folder with a checkpoint (need config.json and "
                          f"checkpoints/LATEST)")
-    cfg = Config(**json.loads((out / "config.json").read_text()))
+    cfg = Config(**loads((out / "config.json").read_text()))
     if cfg.task != "math":
         raise ValueError(f"{out}: a {cfg.task!r} run, not a math run")
     task = MathTask(cfg, torch.device("cpu"))

@@ -103,8 +103,12 @@ class SeqTask:
 
     def _warm_start(self, model: nn.Module) -> None:
         """Supervised phase: cross-entropy on the answer tokens of random problems (own generator)."""
+        from rpg_ref.metrics import task_progress
+
         gen = torch.Generator().manual_seed(self.cfg.seed + 7)
         opt = torch.optim.AdamW(model.parameters(), lr=self.opt.warm_lr)
+        bar = task_progress(self.opt.warm_steps, f"supervised warm start (cached in "
+                            f"{self.cfg.cache_dir} for later runs)", self.cfg.progress)
         for _ in range(self.opt.warm_steps):
             ps = self.sample_prompts(self.opt.warm_batch, gen)
             seqs = [p.ids + p.answer + [self.EOS] for p in ps]
@@ -119,6 +123,10 @@ class SeqTask:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
 
     def evaluate(self, policy, engine):
         gen = engine.generate([p.ids for p in self.eval_prompts], 1, 0.0, 1.0, self.cfg.max_new_tokens)

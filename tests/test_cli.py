@@ -1,0 +1,257 @@
+"""rpg-train's command line as a user meets it: usage errors, messages, --help, the default output
+folder, Ctrl-C / SIGTERM, and the run files (strict JSON) that rpg-plot draws."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rpg_ref import cli, strict_json
+from rpg_ref.losses import LOSSES
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(argv, capsys) -> tuple[int, list[str]]:
+    rc = cli.main(argv)
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+# ------------------------------------------------------------------------------------------
+# usage errors and messages
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["--no-such-flag"], ["--steps", "ten"], ["--steps"],
+                                  ["--step", "10"]])
+def test_usage_error_is_two_lines_naming_the_mistake_and_help(argv, capsys):
+    """An unknown flag, a mistyped value, a missing value and an abbreviated flag (`--step` for
+    `--steps`, refused: allow_abbrev=False) each give exit code 2 and two lines on stderr: what
+    was wrong, then `rpg-train --help`; no usage dump, nothing written."""
+    rc, err = _run(argv, capsys)
+    assert rc == 2
+    assert len(err) == 2, err
+    assert argv[0] in err[0], err
+    assert "rpg-train --help" in err[1]
+    assert not any(line.startswith("usage:") for line in err)
+    assert not Path("runs").exists()
+
+
+def test_steps_zero_names_the_steps_flag_only(capsys):
+    """`--steps 0` is refused naming --steps, and no other field (max_new_tokens) is blamed."""
+    rc, err = _run(["--steps", "0"], capsys)
+    assert rc == 2 and len(err) == 1
+    assert "--steps must be >= 1, got 0" in err[0]
+    assert "max_new_tokens" not in err[0] and "max-new-tokens" not in err[0]
+
+
+def test_message_names_flags_and_the_preset_a_value_came_from(capsys):
+    """With `--task math --max-new-tokens 100` the math preset's overlong buffer (512) no longer
+    fits: the message names the flag (--overlong-buffer, not the field overlong_buffer) and says
+    that its value came from the preset; the value given on the command line is not blamed on it."""
+    rc, err = _run(["--task", "math", "--max-new-tokens", "100"], capsys)
+    assert rc == 2 and len(err) == 1
+    assert "--overlong-buffer" in err[0] and "overlong_buffer" not in err[0]
+    assert "--overlong-buffer 512 came from --preset math" in err[0]
+    assert "--max-new-tokens 100 came from" not in err[0]
+
+
+def test_help_lists_every_algorithm(capsys):
+    """`rpg-train --help` exits 0 and names every loss --algo accepts, each whole on one line (the
+    help is wrapped at spaces, never inside a hyphenated name)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    words = {w.strip(",.;:()") for w in capsys.readouterr().out.split()}
+    missing = [name for name in LOSSES if name not in words]
+    assert not missing, missing
+
+
+# ------------------------------------------------------------------------------------------
+# the default output folder
+# ------------------------------------------------------------------------------------------
+
+
+def test_default_out_is_unique_per_configuration():
+    """No flags: runs/seq-rpg-reinforce-urkl-s0. --algo and --seed are in the name. Any other flag
+    that changes a value adds a short hash: two configurations never share a folder, the order of
+    the flags does not matter, a flag equal to the preset's value changes nothing, and presets of
+    the same task get their own names."""
+    out = lambda *argv: cli.parse_config(list(argv)).out
+    assert out() == "runs/seq-rpg-reinforce-urkl-s0"
+    assert out("--algo", "grpo", "--seed", "3") == "runs/seq-grpo-s3"
+    assert out("--steps", "80") == out()  # the seq preset's own value
+    assert out("--progress") == out()  # never changes what a run computes
+    a = out("--steps", "5", "--lr", "0.001")
+    assert a.startswith("runs/seq-rpg-reinforce-urkl-s0-") and len(a.rsplit("-", 1)[1]) == 6
+    assert out("--lr", "0.001", "--steps", "5") == a
+    others = {a, out("--steps", "5"), out("--steps", "6"), out("--lr", "0.001"), out("--seq-digits", "3"),
+              out("--clip", "0.2", "0.28"), out("--no-clip"), out("--beta", "0.01")}
+    assert len(others) == 8, others
+    assert out("--preset", "bandit") == "runs/bandit-rpg-reinforce-urkl-s0"
+    assert out("--task", "bandit") == "runs/bandit-rpg-reinforce-urkl-s0"
+
+
+# ------------------------------------------------------------------------------------------
+# interrupts: a real process, a real signal
+# ------------------------------------------------------------------------------------------
+
+
+def _start(argv: list, cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # SIGINT as a terminal's process has it: a suite started in the background (`pytest &`) runs
+    # with SIGINT ignored, which its children would inherit (and Python then keeps ignoring it)
+    return subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+
+
+def _wait_for_rows(p: subprocess.Popen, metrics: Path, n: int, limit_s: float = 600) -> None:
+    t0 = time.monotonic()
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= n):
+        assert p.poll() is None, f"run ended before step {n}: {p.communicate()}"
+        assert time.monotonic() - t0 < limit_s, f"no step {n} within {limit_s} s"
+        time.sleep(0.05)
+
+
+# a bandit run: many cheap steps, and a process that starts without importing transformers
+BANDIT = ["--task", "bandit", "--group-size", "16", "--mini-batch-size", "16", "--no-progress"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_ends_with_one_line_and_the_resume_command(sig, tmp_path):
+    """SIGINT (Ctrl-C) or SIGTERM in the middle of a run: exit code 130 / 143, no traceback, one
+    line on stderr naming the signal, the step reached, the checkpoint saved and the exact
+    `rpg-train --resume DIR` command; that command then finishes the run."""
+    out = tmp_path / "run"
+    p = _start([*BANDIT, "--steps", "100000", "--save-every", "3", "--out", str(out)], tmp_path)
+    _wait_for_rows(p, out / "metrics.jsonl", 4)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 128 + sig, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"interrupted ({signal.Signals(sig).name}) after step " in lines[0]
+    done = int(lines[0].split("after step ")[1].split()[0])
+    saved = int((out / "checkpoints" / "LATEST").read_text().strip().removeprefix("step_"))
+    assert done >= 4 and saved == done - done % 3, (done, saved, lines[0])
+    assert f"checkpoint of step {saved}" in lines[0]
+    assert lines[0].endswith(f"continue with: rpg-train --resume {out}")
+    p = _start(["--resume", str(out), "--steps", str(done + 2), "--no-progress"], tmp_path)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, done + 3))
+
+
+def test_run_interrupted_before_its_first_checkpoint_restarts_with_the_same_command(tmp_path):
+    """A run stopped (SIGTERM) before its first checkpoint says that nothing is saved yet; the same
+    command then starts it again from step 1 (its config.json does not block it) and finishes."""
+    out = tmp_path / "run"
+    argv = [*BANDIT, "--steps", "12", "--save-every", "1000", "--out", str(out)]
+    p = _start(argv, tmp_path)
+    _wait_for_rows(p, out / "metrics.jsonl", 2)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 143 and "Traceback" not in err, err
+    assert "no checkpoint yet" in err and f"rpg-train --resume {out}" in err
+    p = _start(argv, tmp_path)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))
+
+
+# ------------------------------------------------------------------------------------------
+# run files: strict JSON; rpg-plot
+# ------------------------------------------------------------------------------------------
+
+
+def _strict(text: str):
+    """json.loads that refuses the bare Infinity / NaN words (as JavaScript or jq would)."""
+    def refuse(word):
+        raise ValueError(f"non-standard JSON constant {word}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_strict_json_round_trip():
+    """Non-finite floats, nested in dicts and lists, are written as "inf" / "-inf" / "nan" (strict
+    JSON) and read back as the same floats; finite floats round-trip exactly."""
+    obj = {"a": math.inf, "b": [-math.inf, 0.1, {"c": math.nan}], "d": "text", "e": 1e-300}
+    text = strict_json.dumps(obj)
+    assert _strict(text) == {"a": "inf", "b": ["-inf", 0.1, {"c": "nan"}], "d": "text", "e": 1e-300}
+    back = strict_json.loads(text)
+    assert back["a"] == math.inf and back["b"][0] == -math.inf and math.isnan(back["b"][2]["c"])
+    assert back["b"][1] == 0.1 and back["d"] == "text" and back["e"] == 1e-300
+
+
+def test_run_files_are_strict_json_and_resume_reads_them(tmp_path, capsys):
+    """A bandit run (kappa = inf, a non-finite config value) writes config.json, summary.json,
+    metrics.jsonl and the checkpoint's state.json in strict JSON; --resume reads the config back
+    with kappa = inf and extends the run."""
+    out = tmp_path / "run"
+    assert cli.main(["--preset", "bandit", "--steps", "3", "--save-every", "2", "--no-progress",
+                     "--out", str(out)]) == 0
+    files = [out / "config.json", out / "summary.json",
+             *sorted((out / "checkpoints").glob("step_*/state.json"))]
+    for f in files:
+        _strict(f.read_text())
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        _strict(line)
+    assert _strict((out / "config.json").read_text())["kappa"] == "inf"
+    assert cli.main(["--resume", str(out), "--steps", "4", "--no-progress"]) == 0
+    assert strict_json.loads((out / "summary.json").read_text())["config"]["kappa"] == math.inf
+
+
+def test_rpg_plot_draws_runs_and_prints_the_final_table(tmp_path, capsys):
+    """rpg-plot on two runs writes a PNG of a readable size (the six panels), and prints one table
+    row per run with its final step and last metrics (taken from its metrics.jsonl) and the last
+    evaluation; a folder that is not a run is one line and exit code 2."""
+    pytest.importorskip("matplotlib")
+    from rpg_ref import plot
+
+    runs = []
+    for i, lr in enumerate(("0.05", "0.2")):
+        runs.append(tmp_path / f"bandit-{i}")
+        assert cli.main(["--preset", "bandit", "--steps", "6", "--lr", lr, "--eval-every", "3",
+                         "--no-progress", "--out", str(runs[-1])]) == 0
+    capsys.readouterr()
+    png = tmp_path / "cmp.png"
+    assert plot.main([*map(str, runs), "--out", str(png)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    h, w = matplotlib.image.imread(png).shape[:2]
+    assert w >= 1200 and h >= 700, (w, h)
+    for run in runs:
+        last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+        row = next(line.split() for line in table if line.startswith(run.name + " "))
+        assert row[1] == "6" and row[2] == f"{last['reward']:.4g}", row
+    assert plot.main([str(tmp_path / "nope"), "--out", str(png)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0]
+
+
+def test_rpg_figs_on_rpg_train_runs_names_the_rpg_plot_command(tmp_path, capsys):
+    """`rpg-figs --logs runs/` (rpg-train output folders, not small_scale logs) is one line, exit
+    code 2, naming the rpg-plot command for those runs; nothing is drawn."""
+    pytest.importorskip("matplotlib")
+    from paper_figs.__main__ import main as figs_main
+
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    assert figs_main(["--logs", str(tmp_path / "runs"), "--out", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rpg-plot" in err[0], err
+    assert str(tmp_path / "runs" / "a") in err[0] and str(tmp_path / "runs" / "b") in err[0]
+    assert not (tmp_path / "figs").exists()
