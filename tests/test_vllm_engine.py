@@ -1,4 +1,5 @@
 """The vLLM engine's pure logic, with fake vLLM objects (vLLM itself is not installed here)."""
+import dataclasses
 import importlib
 import sys
 from types import SimpleNamespace as NS
@@ -12,13 +13,15 @@ from rpg_ref.engines import vllm as ve
 def test_module_imports_without_vllm():
     assert "vllm" not in sys.modules or sys.modules["vllm"] is not None
     importlib.reload(ve)  # importing must never need vllm
-    assert ve.VLLMEngine.Options().sleep_level == 1
+    assert {f.name: f.default for f in dataclasses.fields(ve.VLLMEngine.Options)}[
+        "sleep_level"
+    ] == 1
 
 
 def test_version_range():
-    for ok in ("0.10.2", "0.11.0", "0.11.2"):
+    for ok in ("0.32.0", "0.32.1"):
         ve.check_vllm_version(ok)
-    for bad in ("0.10.1", "0.9.2", "0.12.0", "1.0.0"):
+    for bad in ("0.11.0", "0.31.9", "0.33.0", "1.0.0"):
         with pytest.raises(ValueError, match="outside the supported range"):
             ve.check_vllm_version(bad)
 
@@ -72,6 +75,25 @@ def test_buckets_respect_the_byte_limit_and_keep_order():
     named = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([3, 3, 10, 1, 1])]
     got = [[name for name, _ in b] for b in ve.buckets(named, max_bytes=24)]
     assert got == [["w0", "w1"], ["w2"], ["w3", "w4"]]  # 12+12 | 40 alone | 4+4
+
+
+def test_fused_parameter_names_and_checksums():
+    """q/k/v land in vLLM's qkv_proj and gate/up in gate_up_proj: their checksums add up."""
+    assert (
+        ve.vllm_param_name("model.layers.3.self_attn.k_proj.weight")
+        == "model.layers.3.self_attn.qkv_proj.weight"
+    )
+    assert (
+        ve.vllm_param_name("model.layers.0.mlp.up_proj.weight")
+        == "model.layers.0.mlp.gate_up_proj.weight"
+    )
+    assert (
+        ve.vllm_param_name("model.layers.0.mlp.down_proj.weight")
+        == "model.layers.0.mlp.down_proj.weight"
+    )
+    got = ve.fused_checksums({"a.q_proj.weight": (1.0, 2.0), "a.v_proj.weight": (0.5, 0.25),
+                              "a.o_proj.weight": (3.0, 9.0)})
+    assert got == {"a.qkv_proj.weight": (1.5, 2.25), "a.o_proj.weight": (3.0, 9.0)}
 
 
 def test_checksum_is_invariant_to_fusing_qkv():
@@ -138,15 +160,16 @@ class FakeBackend:
     def wake_up(self, tags):
         self.calls.append(("wake_up", tags))
 
-    def load(self, named):
-        self.calls.append(("load", [n for n, _ in named]))
+    def load(self, payload):
+        self.calls.append(("load", list(payload)))
+        return {"not_loaded": [], "received": {"a": self._checksum}}
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
-    def checksum(self):
+    def checksums(self):
         self.calls.append(("checksum",))
-        return self._checksum
+        return {"a": self._checksum}
 
     def probe_logprobs(self, ids):
         self.calls.append(("probe", list(ids)))
@@ -158,7 +181,7 @@ class FakeBackend:
 
 
 def _sync(sm, checksum=(1.0, 2.0), trainer_lp=(-1.0, -2.01)):
-    return sm.sync(iter([("a", torch.zeros(1))]), checksum, [1, 2, 3], list(trainer_lp))
+    return sm.sync(["a"], {"a": checksum}, [1, 2, 3], list(trainer_lp))
 
 
 def test_step_order_wake_generate_sleep_sync_verify():
@@ -207,9 +230,42 @@ def test_bad_options():
         ve.compare_logprobs([1.0], [1.0, 2.0], 0.1)
 
 
-def test_engine_without_vllm_raises_a_clear_error():
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
-    opts = ve.VLLMEngine.Options(in_process=False)
-    with pytest.raises(ValueError, match="needs vLLM"):
-        ve.VLLMEngine._make_llm("/nonexistent", "/nonexistent", opts, 128, 0)
+def test_engine_without_vllm_raises_a_clear_error(monkeypatch):
+    """Without vLLM, building the engine stops with one line naming what to install."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm fails, installed or not
+    with pytest.raises(ValueError, match="needs vLLM: pip install"):
+        ve.VLLMEngine(torch.nn.Linear(1, 1), NS(eos_id=None), NS(engine_options={}, seed=0))
+
+
+def test_probe_is_fixed_and_inside_the_vocabulary():
+    """The sync's probe depends on the vocabulary size only (a resumed run probes as the
+    uninterrupted one did), and every id is a valid token."""
+    for V in (16, 32, 151_936):
+        ids = ve.probe_ids(V)
+        assert ids == ve.probe_ids(V) and len(ids) == 32 and all(0 <= i < V for i in ids)
+        assert len(set(ids)) > min(V, 32) // 2
+    with pytest.raises(ValueError, match="vocab_size"):
+        ve.probe_ids(0)
+
+
+@pytest.mark.parametrize("opt, msg", [
+    ({"dtype": "fp8"}, "--vllm-dtype"), ({"enforce_eager": "yes"}, "--vllm-enforce-eager"),
+    ({"gpu_memory_utilization": 0.0}, "--vllm-gpu-memory-utilization"),
+    ({"sleep_level": 0}, "--vllm-sleep-level"), ({"verify_tol": -1.0}, "--vllm-verify-tol"),
+    ({"max_model_len": -1}, "--vllm-max-model-len"), ({"bucket_mb": 0}, "--vllm-bucket-mb")])
+def test_bad_engine_options_are_refused_with_the_flag_named(opt, msg):
+    with pytest.raises(ValueError, match=f"bad configuration: {msg}"):
+        ve.VLLMEngine.Options(**opt)
+
+
+def test_engine_dtype_is_the_trainers_compute_dtype_if_the_platform_has_it():
+    """--vllm-dtype auto: bf16 under bf16 autocast, else the parameters' dtype; a dtype the
+    platform does not list is refused naming the ones it supports."""
+    platform = NS(device_type="cpu", supported_dtypes=[torch.bfloat16, torch.float32])
+    lin = torch.nn.Linear(2, 2)
+    assert ve._engine_dtype("auto", lin, platform) == torch.float32
+    wrapped = NS(autocast=True, parameters=lin.parameters)
+    assert ve._engine_dtype("auto", wrapped, platform) == torch.bfloat16
+    assert ve._engine_dtype("bfloat16", lin, platform) == torch.bfloat16
+    with pytest.raises(ValueError, match=r"supports \['bfloat16', 'float32'\], not float16"):
+        ve._engine_dtype("float16", lin, platform)

