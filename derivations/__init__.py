@@ -23,7 +23,8 @@ from . import (  # noqa: F401
 )
 from ._core import CHECKS
 
-# report order: items 1-9 and 11 (the math), then 10 (the results tables); registration order within a module
+# report order: items 1-9 and 11 (the math), then 10 (the results tables); registration order within
+# a module
 _ORDER = ("gpg", "offpolicy", "k3", "grpo_kl", "variance", "npg", "clipping", "token_sequence",
           "rollout_correction", "tables")
 CHECKS.sort(key=lambda c: _ORDER.index(c.__module__.rsplit(".", 1)[1]))

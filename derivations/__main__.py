@@ -29,9 +29,20 @@ def format_table(rows: list[dict], claim_width: int = 58, timings: bool = True) 
     head = ("status", "label", "claim", "symbolic", "exact max err", "MC max |z|", "seconds")
     lines = [head]
     for r in rows:
-        claim = r["claim"] if len(r["claim"]) <= claim_width else r["claim"][: claim_width - 3] + "..."
-        lines.append((r["status"], r["label"], claim, r["symbolic"], _num(r["exact_max_err"], ".1e"),
-                      _num(r["mc_max_z"], ".2f"), f"{r['seconds']:.2f}"))
+        claim = (
+            r["claim"] if len(r["claim"]) <= claim_width else r["claim"][: claim_width - 3] + "..."
+        )
+        lines.append(
+            (
+                r["status"],
+                r["label"],
+                claim,
+                r["symbolic"],
+                _num(r["exact_max_err"], ".1e"),
+                _num(r["mc_max_z"], ".2f"),
+                f"{r['seconds']:.2f}",
+            )
+        )
     if not timings:
         lines = [line[:-1] for line in lines]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
@@ -47,9 +58,13 @@ def _progress(i: int, n: int, check) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rpg-verify", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--fast", action="store_true", help="smaller Monte-Carlo samples and grids (CI)")
+    ap.add_argument(
+        "--fast", action="store_true", help="smaller Monte-Carlo samples and grids (CI)"
+    )
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
-    ap.add_argument("--only", nargs="+", metavar="ID", help="run checks whose id or label contains ID")
+    ap.add_argument(
+        "--only", nargs="+", metavar="ID", help="run checks whose id or label contains ID"
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="print each check's findings")
     args = ap.parse_args(argv)
 

@@ -104,17 +104,22 @@ class Checker:
         est = per_sample.mean(0)
         se = per_sample.std(0, unbiased=True) / math.sqrt(n)
         diff = est - exact
-        degenerate = se <= 1e-14 * (1.0 + exact.abs())   # zero-variance coordinate: must be exact
-        z = torch.where(degenerate, torch.where(diff.abs() <= 1e-10 * (1 + exact.abs()), 0.0, math.inf),
-                        diff / torch.where(degenerate, torch.ones_like(se), se))
+        degenerate = se <= 1e-14 * (1.0 + exact.abs())  # zero-variance coordinate: must be exact
+        z = torch.where(
+            degenerate,
+            torch.where(diff.abs() <= 1e-10 * (1 + exact.abs()), 0.0, math.inf),
+            diff / torch.where(degenerate, torch.ones_like(se), se),
+        )
         zmax = float(z.abs().max())
         crit = z_crit(d)
         self.mc_z = max(self.mc_z or 0.0, zmax)
         if not zmax <= crit:
             j = int(z.abs().argmax())
-            self.failures.append(f"MC {what}: max |z| = {zmax:.2f} > {crit:.2f} (alpha={ALPHA:g}, d={d}, "
-                                 f"N={n}) at coord {j}: estimate {float(est[j]):.6g} +- {float(se[j]):.2g}, "
-                                 f"exact {float(exact[j]):.6g}\n  estimate {fmt(est)}\n  exact    {fmt(exact)}")
+            self.failures.append(
+                f"MC {what}: max |z| = {zmax:.2f} > {crit:.2f} (alpha={ALPHA:g}, d={d}, "
+                f"N={n}) at coord {j}: estimate {float(est[j]):.6g} +- {float(se[j]):.2g}, "
+                f"exact {float(exact[j]):.6g}\n  estimate {fmt(est)}\n  exact    {fmt(exact)}"
+            )
         return zmax
 
     def fact(self, what: str, ok: bool, detail: str = "", quiet: bool = False) -> bool:
@@ -187,7 +192,8 @@ def sym_is_zero(expr) -> tuple[bool, str]:
     transcendental atom is kept as its own term). A nonzero value proves expr != 0; zero at 3
     points is evidence, labelled "exact-rational". Returns (is_zero, method)."""
     e = sp.expand_log(sp.expand(expr), force=True)
-    e = e.xreplace({lg: sp.Dummy() for lg in e.atoms(sp.log)})          # remaining logs as generators
+    # remaining logs as generators
+    e = e.xreplace({lg: sp.Dummy() for lg in e.atoms(sp.log)})
     if sp.expand(sp.fraction(sp.together(e))[0]) == 0:
         return True, "sympy"
     e = sp.cancel(sp.together(sp.expand_log(sp.expand(expr), force=True)))
@@ -261,7 +267,9 @@ def unit_losses(fn, logp_all: Tensor, old_logp_all: Tensor, adv_all: Tensor, *, 
 def jac(values: Tensor, params: Tensor) -> Tensor:
     """[K, d] Jacobian of the vector ``values`` w.r.t. ``params`` (one backward per entry)."""
     rows = [torch.autograd.grad(v, params, retain_graph=True, allow_unused=True)[0] for v in values]
-    return torch.stack([torch.zeros_like(params) if r is None else r for r in rows]).reshape(len(rows), -1)
+    return torch.stack([torch.zeros_like(params) if r is None else r for r in rows]).reshape(
+        len(rows), -1
+    )
 
 
 def row_grads(fn, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, **kw) -> Tensor:
@@ -276,7 +284,8 @@ def row_grads(fn, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, **k
     B = logp.shape[0]
     if kw.get("agg", "token-mean") == "token-mean":
         return g * mask.sum()                                         # loss = sum_units / n_units
-    return g * B                                                      # seq-mean-token-sum: sum_rows / B
+    # seq-mean-token-sum: sum_rows / B
+    return g * B
 
 
 def expected_loss_grad(fn, logits: Tensor, old_logp: Tensor, adv: Tensor, *, beta: float,
@@ -295,16 +304,30 @@ def expected_loss_grad(fn, logits: Tensor, old_logp: Tensor, adv: Tensor, *, bet
     return old_logp.exp() @ G, G
 
 
-def check_row_separability(ck: Checker, fn, logits, old_logp, adv, *, beta, ref_logp=None, clip=None) -> None:
+def check_row_separability(
+    ck: Checker, fn, logits, old_logp, adv, *, beta, ref_logp=None, clip=None
+) -> None:
     """The batched per-row gradients equal K separate single-row calls (exact)."""
     th = logits.detach().clone().requires_grad_(True)
-    ell = unit_losses(fn, torch.log_softmax(th, -1), old_logp, adv, beta=beta, ref_logp_all=ref_logp, clip=clip)
+    ell = unit_losses(
+        fn, torch.log_softmax(th, -1), old_logp, adv, beta=beta, ref_logp_all=ref_logp, clip=clip
+    )
     _, G = expected_loss_grad(fn, logits, old_logp, adv, beta=beta, ref_logp=ref_logp, clip=clip)
     ck.exact("batched per-outcome gradients == single-outcome calls", G, jac(ell, th))
 
 
-def mc_loss_grad(fn, logits: Tensor, old_logp: Tensor, adv: Tensor, *, beta: float, n: int, seed: int,
-                 ref_logp: Tensor | None = None, clip=None) -> tuple[Tensor, Tensor]:
+def mc_loss_grad(
+    fn,
+    logits: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    *,
+    beta: float,
+    n: int,
+    seed: int,
+    ref_logp: Tensor | None = None,
+    clip=None,
+) -> tuple[Tensor, Tensor]:
     """One loss call on N outcomes x_i ~ pi_old / Z_old (a [N, 1] batch, token-mean). Returns
     (Z_old * grad, idx). Z_old * grad is the Monte-Carlo estimate of E_{pi_old}[grad loss]."""
     gen = torch.Generator().manual_seed(seed)
@@ -331,8 +354,12 @@ def mc_through_loss(ck: Checker, what: str, fn, logits, old_logp, adv, exact: Te
     per_sample = G[idx]                                                      # [N, K]
     mean = z_old * per_sample.mean(0)
     err = float((g_batch - mean).abs().max())
-    ck.fact(f"{what}: batched loss gradient == mean of per-outcome gradients", err <= 1e-12 * max(1.0, float(mean.abs().max())),
-            f"max abs diff {err:.2e}", quiet=True)
+    ck.fact(
+        f"{what}: batched loss gradient == mean of per-outcome gradients",
+        err <= 1e-12 * max(1.0, float(mean.abs().max())),
+        f"max abs diff {err:.2e}",
+        quiet=True,
+    )
     ck.mc(what, per_sample, exact, scale=z_old)
 
 
@@ -355,10 +382,17 @@ class Problem:
         return float(self.old_logp.exp().sum())
 
 
-def make_problem(K: int = 6, seed: int = 0, z_old: float = 1.7, dist: float = 0.6, beta: float = 0.3,
-                 ref_dist: float | None = None) -> Problem:
+def make_problem(
+    K: int = 6,
+    seed: int = 0,
+    z_old: float = 1.7,
+    dist: float = 0.6,
+    beta: float = 0.3,
+    ref_dist: float | None = None,
+) -> Problem:
     """theta_old ~ N(0, 1); theta = theta_old + dist * N(0, 1); pi_old = z_old * softmax(theta_old);
-    pi_ref = softmax(theta_old + ref_dist * N(0,1)) when ref_dist is given (else pi_ref = pi_old)."""
+    pi_ref = softmax(theta_old + ref_dist * N(0,1)) when ref_dist is given (else pi_ref =
+    pi_old)."""
     g = torch.Generator().manual_seed(seed)
     th_old = torch.randn(K, generator=g, dtype=DTYPE)
     logits = th_old + dist * torch.randn(K, generator=g, dtype=DTYPE)

@@ -1,7 +1,8 @@
 """Item 1: the generalized policy gradient theorem, Proposition 2.1
 (thm:generalized_policy_gradient_theorem),
 
-    grad E_{x~pi_theta}[f(x, theta)] = E_{x~pi_theta}[f(x, theta) grad log pi_theta(x) + grad f(x, theta)],
+    grad E_{x~pi_theta}[f(x, theta)] = E_{x~pi_theta}[f(x, theta) grad log pi_theta(x) + grad f(x,
+    theta)],
 
 for a K-outcome softmax. Symbolically f_k(theta) are arbitrary (undefined) differentiable
 functions; numerically f(x, theta) = R_x tanh(v_x . theta) + theta_x^2 / 2.
@@ -20,9 +21,13 @@ def f_torch(theta: torch.Tensor, R: torch.Tensor, V: torch.Tensor) -> torch.Tens
     return R * torch.tanh(V @ theta) + 0.5 * theta ** 2
 
 
-@claim("gpg", "thm:generalized_policy_gradient_theorem",
-       "grad E_{pi_theta}[f(x,theta)] = E_{pi_theta}[f(x,theta) grad log pi_theta(x) + grad f(x,theta)] "
-       "for f depending on theta.")
+@claim(
+    "gpg",
+    "thm:generalized_policy_gradient_theorem",
+    "grad E_{pi_theta}[f(x,theta)] = E_{pi_theta}[f(x,theta) grad log pi_theta(x) + grad "
+    "f(x,theta)] "
+    "for f depending on theta.",
+)
 def check_thm_generalized_policy_gradient_theorem(ck: Checker, fast: bool) -> None:
     K = 3
     th = sp.symbols(f"theta1:{K + 1}", real=True)
@@ -45,7 +50,8 @@ def check_thm_generalized_policy_gradient_theorem(ck: Checker, fast: bool) -> No
     logp_t = torch.log_softmax(theta, -1)
     fv = f_torch(theta, R, V)                                         # [K]
     (lhs,) = torch.autograd.grad((logp_t.exp() * fv).sum(), theta, retain_graph=True)
-    per_x = fv.detach()[:, None] * jac(logp_t, theta) + jac(fv, theta)   # [K, K] f grad log pi + grad f
+    # [K, K] f grad log pi + grad f
+    per_x = fv.detach()[:, None] * jac(logp_t, theta) + jac(fv, theta)
     p_t = logp_t.exp().detach()
     ck.exact("sum_x pi f grad log pi + grad f == grad sum_x pi f", p_t @ per_x, lhs)
 

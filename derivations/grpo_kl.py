@@ -51,7 +51,9 @@ def divergence_grads(logits, ref_logp) -> dict:
     for name, div in (("UKL(theta||ref)", "urkl"), ("KL(theta||ref)", "rkl"),
                       ("KL(ref||theta)", "fkl"), ("UKL(ref||theta)", "ufkl")):
         # objective_torch returns E[R] - beta D; with R = 0, beta = -1 it is D itself
-        out[name] = _grad(lambda th, d=div: paper.objective_torch(d, th, ref_logp, zero, -1.0), logits)
+        out[name] = _grad(
+            lambda th, d=div: paper.objective_torch(d, th, ref_logp, zero, -1.0), logits
+        )
     return out
 
 
@@ -66,8 +68,11 @@ def _setup(K=6, seed=0, ref_dist: float | None = 0.8):
     g = torch.Generator().manual_seed(seed)
     th_old = torch.randn(K, generator=g, dtype=DTYPE)
     d = torch.randn(K, generator=g, dtype=DTYPE)
-    d = (d - d.mean()) / (d - d.mean()).norm()                      # unit direction, no softmax-null part
-    ref = th_old + (0.0 if ref_dist is None else ref_dist) * torch.randn(K, generator=g, dtype=DTYPE)
+    # unit direction, no softmax-null part
+    d = (d - d.mean()) / (d - d.mean()).norm()
+    ref = th_old + (0.0 if ref_dist is None else ref_dist) * torch.randn(
+        K, generator=g, dtype=DTYPE
+    )
     return th_old, d, torch.log_softmax(th_old, -1), torch.log_softmax(ref, -1)
 
 
@@ -99,9 +104,12 @@ def error_curve(distances=(0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0), K: int = 6,
     return rows
 
 
-CLAIM = ("GRPO's per-token beta*k3(pi_ref/pi_theta) under pi_old sampling: (a) its expected gradient is "
-         "not grad UKL(pi_theta||pi_ref) off-policy; (b) at theta = theta_old it equals grad "
-         "KL(pi_ref||pi_theta) (forward KL); (c) the corrected w*k3 gives grad UKL(pi_theta||pi_ref) for every theta.")
+CLAIM = (
+    "GRPO's per-token beta*k3(pi_ref/pi_theta) under pi_old sampling: (a) its expected gradient is "
+    "not grad UKL(pi_theta||pi_ref) off-policy; (b) at theta = theta_old it equals grad "
+    "KL(pi_ref||pi_theta) (forward KL); (c) the corrected w*k3 gives grad UKL(pi_theta||pi_ref) "
+    "for every theta."
+)
 
 
 @claim("grpo-kl", "subsec:grpo_main", CLAIM)
@@ -112,14 +120,22 @@ def check_subsec_grpo_main(ck: Checker, fast: bool) -> None:
     pub = sum(S.o[k] * k3(r[k] / S.p[k]) for k in range(3))             # E_old[k3(ref/theta)]
     cor = sum(S.o[k] * S.w[k] * k3(r[k] / S.p[k]) for k in range(3))    # E_old[w k3(ref/theta)]
     ukl = sum(S.p[k] * sp.log(S.p[k] / r[k]) + r[k] - S.p[k] for k in range(3))   # UKL(theta||ref)
-    fkl = sum(r[k] * sp.log(r[k] / S.p[k]) for k in range(3))                     # KL(ref||theta), generalized
+    # KL(ref||theta), generalized
+    fkl = sum(r[k] * sp.log(r[k] / S.p[k]) for k in range(3))
     for j in range(3):
-        ck.symbolic(f"grad E_old[k3] == E_old[(1 - ref/theta) grad log pi] (d/dtheta_{j + 1})",
-                    S.d(pub, j) - sum(S.o[k] * (1 - r[k] / S.p[k]) * S.dlogp(k, j) for k in range(3)))
-        ck.symbolic(f"(c) grad E_old[w k3] == grad UKL(theta||ref) (d/dtheta_{j + 1})", S.d(cor, j) - S.d(ukl, j))
+        ck.symbolic(
+            f"grad E_old[k3] == E_old[(1 - ref/theta) grad log pi] (d/dtheta_{j + 1})",
+            S.d(pub, j) - sum(S.o[k] * (1 - r[k] / S.p[k]) * S.dlogp(k, j) for k in range(3)),
+        )
+        ck.symbolic(
+            f"(c) grad E_old[w k3] == grad UKL(theta||ref) (d/dtheta_{j + 1})",
+            S.d(cor, j) - S.d(ukl, j),
+        )
         on_policy = {S.o[k]: S.p[k] for k in range(3)}
-        ck.symbolic(f"(b) at theta=theta_old: grad E_old[k3] == grad KL(ref||theta) (d/dtheta_{j + 1})",
-                    (S.d(pub, j) - S.d(fkl, j)).subs(on_policy))
+        ck.symbolic(
+            f"(b) at theta=theta_old: grad E_old[k3] == grad KL(ref||theta) (d/dtheta_{j + 1})",
+            (S.d(pub, j) - S.d(fkl, j)).subs(on_policy),
+        )
     ck.symbolic("(c) value: E_old[w k3(ref/theta)] == UKL(theta||ref)", cor - ukl)
     ck.note(f"symbolic: {ASSUMPTIONS}; pi_ref any positive measure")
 
@@ -128,13 +144,28 @@ def check_subsec_grpo_main(ck: Checker, fast: bool) -> None:
     g_pub, G_pub = kl_term_grad("grpo", th_old, old_logp, ref_logp)
     cands = divergence_grads(th_old, ref_logp)
     errs = {k: rel_err(g_pub, v) for k, v in cands.items()}
-    ck.exact("(b) theta=theta_old: E_old[grad grpo KL term] == grad KL(ref||theta)", g_pub, cands["KL(ref||theta)"])
+    ck.exact(
+        "(b) theta=theta_old: E_old[grad grpo KL term] == grad KL(ref||theta)",
+        g_pub,
+        cands["KL(ref||theta)"],
+    )
     ck.fact("(b) at theta=theta_old it is NOT grad KL(theta||ref) / UKL(theta||ref)",
             errs["KL(theta||ref)"] > 1e-2 and errs["UKL(theta||ref)"] > 1e-2,
             "rel. errors vs " + ", ".join(f"{k}: {v:.3g}" for k, v in errs.items()))
-    mc_through_loss(ck, "(b) grpo KL term at theta_old", get_loss("grpo"), th_old, old_logp,
-                    torch.zeros_like(th_old), cands["KL(ref||theta)"], G_pub, beta=1.0, ref_logp=ref_logp,
-                    n=mc_n(fast), seed=21)
+    mc_through_loss(
+        ck,
+        "(b) grpo KL term at theta_old",
+        get_loss("grpo"),
+        th_old,
+        old_logp,
+        torch.zeros_like(th_old),
+        cands["KL(ref||theta)"],
+        G_pub,
+        beta=1.0,
+        ref_logp=ref_logp,
+        n=mc_n(fast),
+        seed=21,
+    )
     # (a) vs grad UKL(theta||ref): on-policy (pi_ref != pi_old) and off-policy
     for t in (0.0, 0.5, 1.5):
         th = th_old + t * d
@@ -148,16 +179,38 @@ def check_subsec_grpo_main(ck: Checker, fast: bool) -> None:
         th = th_old + t * d
         g_cor, G_cor = kl_term_grad("grpo-corrected", th, old_logp, ref_logp)
         g_true = divergence_grads(th, ref_logp)["UKL(theta||ref)"]
-        ck.exact(f"(c) |theta-theta_old|={t}: E_old[grad w k3] == grad UKL(theta||ref)", g_cor, g_true)
+        ck.exact(
+            f"(c) |theta-theta_old|={t}: E_old[grad w k3] == grad UKL(theta||ref)", g_cor, g_true
+        )
         if t == 0.5:
-            mc_through_loss(ck, "(c) grpo-corrected KL term off-policy", get_loss("grpo-corrected"), th,
-                            old_logp, torch.zeros_like(th), g_true, G_cor, beta=1.0, ref_logp=ref_logp,
-                            n=mc_n(fast), seed=22)
+            mc_through_loss(
+                ck,
+                "(c) grpo-corrected KL term off-policy",
+                get_loss("grpo-corrected"),
+                th,
+                old_logp,
+                torch.zeros_like(th),
+                g_true,
+                G_cor,
+                beta=1.0,
+                ref_logp=ref_logp,
+                n=mc_n(fast),
+                seed=22,
+            )
     # pi_ref = pi_old (the RPG setting): error grows with distance, vanishes as t -> 0
     curve = error_curve(ref_dist=None)
-    ck.note("error curve, pi_ref = pi_old: " + "; ".join(
-        f"t={r['distance']}: rel {r['rel_err']:.3g} cos {r['cosine']:.3f}" for r in curve if r["rel_err"] is not None))
+    ck.note(
+        "error curve, pi_ref = pi_old: "
+        + "; ".join(
+            f"t={r['distance']}: rel {r['rel_err']:.3g} cos {r['cosine']:.3f}"
+            for r in curve
+            if r["rel_err"] is not None
+        )
+    )
     small = [r for r in curve if r["rel_err"] is not None]
-    ck.fact("pi_ref = pi_old: error -> 0 as theta -> theta_old and grows with distance",
-            small[0]["rel_err"] < 0.1 and small[-1]["rel_err"] > small[0]["rel_err"],
-            f"rel err {small[0]['rel_err']:.3g} at t={small[0]['distance']}, {small[-1]['rel_err']:.3g} at t={small[-1]['distance']}")
+    ck.fact(
+        "pi_ref = pi_old: error -> 0 as theta -> theta_old and grows with distance",
+        small[0]["rel_err"] < 0.1 and small[-1]["rel_err"] > small[0]["rel_err"],
+        f"rel err {small[0]['rel_err']:.3g} at t={small[0]['distance']}, "
+        f"{small[-1]['rel_err']:.3g} at t={small[-1]['distance']}",
+    )

@@ -50,10 +50,14 @@ def regularized_step(theta_k, R, beta, iters: int = 60) -> torch.Tensor:
     return d - d.mean()
 
 
-@claim("npg", "app:rpg_npg_connection",
-       "The Hessian of KL(pi_theta_k||pi_theta) at theta_k is the Fisher matrix F; the maximizer of "
-       "J + grad J^T dtheta - beta/2 dtheta^T F dtheta is (1/beta) F^{-1} grad J (F singular for softmax: "
-       "pseudo-inverse), and the exact regularized step approaches it as beta grows.")
+@claim(
+    "npg",
+    "app:rpg_npg_connection",
+    "The Hessian of KL(pi_theta_k||pi_theta) at theta_k is the Fisher matrix F; the maximizer of "
+    "J + grad J^T dtheta - beta/2 dtheta^T F dtheta is (1/beta) F^{-1} grad J (F singular for "
+    "softmax: "
+    "pseudo-inverse), and the exact regularized step approaches it as beta grows.",
+)
 def check_app_rpg_npg_connection(ck: Checker, fast: bool) -> None:
     S = SymSoftmax(3)
     b = sp.symbols("b1:4", positive=True)                             # a at theta_k
@@ -64,8 +68,13 @@ def check_app_rpg_npg_connection(ck: Checker, fast: bool) -> None:
         ck.symbolic(f"grad KL at theta_k, coord {i + 1}", S.d(kl, i).subs(at_k))
         for j in range(i, 3):
             fisher = sum(S.p[x] * S.dlogp(x, i) * S.dlogp(x, j) for x in range(3))
-            ck.symbolic(f"Hessian[{i + 1},{j + 1}] == F[{i + 1},{j + 1}]", (S.d(S.d(kl, i), j) - fisher).subs(at_k))
-    F_sym = sp.Matrix(3, 3, lambda i, j: sum(S.p[x] * S.dlogp(x, i) * S.dlogp(x, j) for x in range(3)))
+            ck.symbolic(
+                f"Hessian[{i + 1},{j + 1}] == F[{i + 1},{j + 1}]",
+                (S.d(S.d(kl, i), j) - fisher).subs(at_k),
+            )
+    F_sym = sp.Matrix(
+        3, 3, lambda i, j: sum(S.p[x] * S.dlogp(x, i) * S.dlogp(x, j) for x in range(3))
+    )
     for i in range(3):
         ck.symbolic(f"F 1 == 0 (row {i + 1}): F is singular", sum(F_sym[i, j] for j in range(3)))
     ck.note("symbolic: K=3 softmax, theta and theta_k real; F = diag(p) - p p^T has null vector 1, "
@@ -81,9 +90,12 @@ def check_app_rpg_npg_connection(ck: Checker, fast: bool) -> None:
     F = torch.diag(p) - torch.outer(p, p)
     # (rpg_ref's losses return analytic first derivatives, so second derivatives are taken of the
     # closed-form KL; the loss enters through its first-order stationarity below)
-    H = torch.autograd.functional.hessian(lambda t: -regularized_objective(t, theta_k, torch.zeros_like(R), 1.0), theta_k)
+    H = torch.autograd.functional.hessian(
+        lambda t: -regularized_objective(t, theta_k, torch.zeros_like(R), 1.0), theta_k
+    )
     ck.exact("Hessian of KL(pi_k||pi_theta) at theta_k == F", H, F)
-    gJ = p * (R - (p * R).sum())                                     # grad_theta sum pi R at theta_k
+    # grad_theta sum pi R at theta_k
+    gJ = p * (R - (p * R).sum())
     npg = torch.linalg.pinv(F, hermitian=True) @ gJ
     # the quadratic surrogate eq:gu0004 is stationary at dtheta = F^+ grad J / beta: grad J lies in
     # the range of F (it is orthogonal to 1), so F F^+ grad J = grad J
@@ -92,10 +104,16 @@ def check_app_rpg_npg_connection(ck: Checker, fast: bool) -> None:
     for beta in ((1.0, 10.0, 100.0) if fast else (1.0, 10.0, 100.0, 1000.0)):
         d = regularized_step(theta_k, R, beta)
         g_loss, _ = expected_loss_grad(get_loss("rpg-fkl"), theta_k + d, old_logp, R, beta=beta)
-        ck.exact(f"beta={beta:g}: E_k[grad rpg-fkl loss] == 0 at the exact regularized step", g_loss / beta,
-                 torch.zeros_like(g_loss))
+        ck.exact(
+            f"beta={beta:g}: E_k[grad rpg-fkl loss] == 0 at the exact regularized step",
+            g_loss / beta,
+            torch.zeros_like(g_loss),
+        )
         errs.append((beta, rel_err(beta * d, npg), cosine(d, npg)))
-    ck.note("beta * dtheta* vs F^+ grad J: " + "; ".join(f"beta={b_:g}: rel err {e:.3g}, cos {c:.6f}" for b_, e, c in errs))
+    ck.note(
+        "beta * dtheta* vs F^+ grad J: "
+        + "; ".join(f"beta={b_:g}: rel err {e:.3g}, cos {c:.6f}" for b_, e, c in errs)
+    )
     ck.fact("error decreases as beta grows, like 1/beta",
             all(e2 < e1 for (_, e1, _), (_, e2, _) in itertools.pairwise(errs))
             and 5 < errs[-2][1] / errs[-1][1] < 20 and errs[-1][1] < 2e-2,
@@ -104,5 +122,7 @@ def check_app_rpg_npg_connection(ck: Checker, fast: bool) -> None:
     # Monte Carlo: F = E_{pi_k}[grad log pi grad log pi^T]
     n = mc_n(fast)
     idx = torch.multinomial(p, n, replacement=True, generator=torch.Generator().manual_seed(41))
-    score = torch.eye(K, dtype=DTYPE)[idx] - p                        # [N, K] grad log pi(x)
-    ck.mc("Fisher from samples", (score[:, :, None] * score[:, None, :]).reshape(n, -1), F.reshape(-1))
+    score = torch.eye(K, dtype=DTYPE)[idx] - p  # [N, K] grad log pi(x)
+    ck.mc(
+        "Fisher from samples", (score[:, :, None] * score[:, None, :]).reshape(n, -1), F.reshape(-1)
+    )

@@ -46,9 +46,13 @@ def _sym_residuals(form, S: SymSoftmax, which: str):
     if which == "L":
         L = sum(e[k] * form.loss(*args(k)) for k in range(S.K))
         return [S.d(L, j) + S.d(J, j) for j in range(S.K)]
-    # G: E[W grad log pi] = grad J;  RF: grad L_RF = -E[V grad log pi] = -grad J, the same equation in V
+    # G: E[W grad log pi] = grad J; RF: grad L_RF = -E[V grad log pi] = -grad J, the same equation
+    # in V
     weight = form.grad_weight if which == "G" else form.rf_weight
-    return [sum(e[k] * weight(*args(k)) * S.dlogp(k, j) for k in range(S.K)) - S.d(J, j) for j in range(S.K)]
+    return [
+        sum(e[k] * weight(*args(k)) * S.dlogp(k, j) for k in range(S.K)) - S.d(J, j)
+        for j in range(S.K)
+    ]
 
 
 def paper_grads(form, logits, old_logp, R, beta):
@@ -60,11 +64,15 @@ def paper_grads(form, logits, old_logp, R, beta):
     e = mass / Z if form.sampling == "tilde" else mass                  # expectation weights [K]
     lw = logp - old_logp
     w = lw.exp()
-    (gJ,) = torch.autograd.grad(paper.objective_torch(form.div, th, old_logp, R, beta), th, retain_graph=True)
+    (gJ,) = torch.autograd.grad(
+        paper.objective_torch(form.div, th, old_logp, R, beta), th, retain_graph=True
+    )
     dlogp = jac(logp, th)                                               # [K, K] rows grad log pi_k
     Wg = form.grad_weight(w, lw, logp, R, beta, Z).detach()
     g_formula = (e * Wg) @ dlogp
-    (gL,) = torch.autograd.grad((e * form.loss(w, lw, logp, R, beta, Z)).sum(), th, retain_graph=True)
+    (gL,) = torch.autograd.grad(
+        (e * form.loss(w, lw, logp, R, beta, Z)).sum(), th, retain_graph=True
+    )
     V = form.rf_weight(w, lw, logp, R, beta, Z).detach()                # SG(V)
     (gRF,) = torch.autograd.grad(-(e * V * logp).sum(), th)
     return gJ, g_formula, gL, gRF
@@ -77,8 +85,14 @@ def _check_form(ck: Checker, div: str, fast: bool, reinforce: bool) -> None:
     for which in parts:
         for j, r in enumerate(_sym_residuals(form, S, which)):
             ck.symbolic(f"{div} {which} d/dtheta_{j + 1}", r)
-    ck.note(f"symbolic assumptions: {ASSUMPTIONS}; expectation "
-            + ("over pi_old/Z_old" if form.sampling == "tilde" else "sum_x pi_old(x)(.) (= E_{pi_old} at Z_old=1)"))
+    ck.note(
+        f"symbolic assumptions: {ASSUMPTIONS}; expectation "
+        + (
+            "over pi_old/Z_old"
+            if form.sampling == "tilde"
+            else "sum_x pi_old(x)(.) (= E_{pi_old} at Z_old=1)"
+        )
+    )
     ck.note(f"transcribed from {form.where}")
 
     # exact: K=6; unnormalized pi_old (and Z_old=1 for the normalized tables' literal setting)
@@ -128,13 +142,20 @@ def _register_reinforce(div: str, text: str):
 
 
 check_prop_policy_gradient_forward_kl = _register_prop(
-    "fkl", "FKL: grad J = E_old[(w R + beta) grad log pi]; L = E_old[-w R - beta log pi] has grad L = -grad J.")
+    "fkl",
+    "FKL: grad J = E_old[(w R + beta) grad log pi]; L = E_old[-w R - beta log pi] has grad L = "
+    "-grad J.",
+)
 check_prop_policy_gradient_reverse_kl = _register_prop(
-    "rkl", "RKL: grad J = E_old[w (R - beta (log w + 1)) grad log pi]; L = E_old[w (-R + beta log w)] has "
-           "grad L = -grad J.")
+    "rkl",
+    "RKL: grad J = E_old[w (R - beta (log w + 1)) grad log pi]; L = E_old[w (-R + beta log w)] has "
+    "grad L = -grad J.",
+)
 check_prop_policy_gradient_unormalized_forward_kl = _register_prop(
-    "ufkl", "UFKL: grad J = Z_old E_~old[(w R - beta (w - 1)) grad log pi]; L = Z_old E_~old[-w R + "
-            "beta (w - log w - 1)] has grad L = -grad J, for unnormalized pi_old of mass Z_old.")
+    "ufkl",
+    "UFKL: grad J = Z_old E_~old[(w R - beta (w - 1)) grad log pi]; L = Z_old E_~old[-w R + "
+    "beta (w - log w - 1)] has grad L = -grad J, for unnormalized pi_old of mass Z_old.",
+)
 check_prop_policy_gradient_unormalized_reverse_kl = _register_prop(
     "urkl", "URKL: grad J = Z_old E_~old[w (R - beta log w) grad log pi]; L = Z_old E_~old[-w R + "
             "beta (w log w - w)] has grad L = -grad J, for unnormalized pi_old of mass Z_old.")
@@ -151,32 +172,62 @@ def check_prop_equiv_rf_fd(ck: Checker, fast: bool) -> None:
             for j in range(S.K):   # per sample: grad l(x) == -V(x) grad log pi(x)
                 ck.symbolic(f"{div} x={k + 1} d/dtheta_{j + 1}",
                             S.d(form.loss(*args), j) + form.rf_weight(*args) * S.dlogp(k, j))
-    ck.note(f"symbolic: per-sample identity grad l(x) = -V(x) grad log pi(x) for all 4 forms; {ASSUMPTIONS}")
+    ck.note(
+        "symbolic: per-sample identity grad l(x) = -V(x) grad log pi(x) for all 4 forms; "
+        f"{ASSUMPTIONS}"
+    )
     # exact, through rpg_ref: per-outcome gradients of the two families coincide (pi_ref = pi_old
     # and pi_ref != pi_old), and their expectation is -grad J
     for div in PAPER:
         fd, rf = get_loss(f"rpg-{div}"), get_loss(f"rpg-reinforce-{div}")
         for ref_dist in (None, 0.8):
             P = make_problem(K=6, seed=5, z_old=1.3, dist=0.9, ref_dist=ref_dist)
-            _, G_fd = expected_loss_grad(fd, P.logits, P.old_logp, P.R, beta=P.beta, ref_logp=P.ref_logp)
-            g_rf, G_rf = expected_loss_grad(rf, P.logits, P.old_logp, P.R, beta=P.beta, ref_logp=P.ref_logp)
+            _, G_fd = expected_loss_grad(
+                fd, P.logits, P.old_logp, P.R, beta=P.beta, ref_logp=P.ref_logp
+            )
+            g_rf, G_rf = expected_loss_grad(
+                rf, P.logits, P.old_logp, P.R, beta=P.beta, ref_logp=P.ref_logp
+            )
             th = P.logits.clone().requires_grad_(True)
-            (gJ,) = torch.autograd.grad(paper.objective_torch(div, th, P.old_logp, P.R, P.beta, P.ref_logp), th)
+            (gJ,) = torch.autograd.grad(
+                paper.objective_torch(div, th, P.old_logp, P.R, P.beta, P.ref_logp), th
+            )
             tag = f"{div} pi_ref {'= pi_old' if ref_dist is None else '!= pi_old'}"
-            ck.exact(f"{tag}: per-outcome grads rpg-reinforce == rpg (fully differentiable)", G_rf, G_fd)
+            ck.exact(
+                f"{tag}: per-outcome grads rpg-reinforce == rpg (fully differentiable)", G_rf, G_fd
+            )
             ck.exact(f"{tag}: rpg-reinforce E_old[grad] == -grad J", g_rf, -gJ)
             if ref_dist is not None:
-                mc_through_loss(ck, f"rpg-reinforce-{div} pi_ref != pi_old", rf, P.logits, P.old_logp,
-                                P.R, -gJ, G_rf, beta=P.beta, ref_logp=P.ref_logp,
-                                n=mc_n(fast), seed=13)
+                mc_through_loss(
+                    ck,
+                    f"rpg-reinforce-{div} pi_ref != pi_old",
+                    rf,
+                    P.logits,
+                    P.old_logp,
+                    P.R,
+                    -gJ,
+                    G_rf,
+                    beta=P.beta,
+                    ref_logp=P.ref_logp,
+                    n=mc_n(fast),
+                    seed=13,
+                )
 
 
 check_prop_offpolicy_reinforce_loss_fkl = _register_reinforce(
     "fkl", "REINFORCE-style FKL: -E_old[SG(w R + beta) log pi_theta] has gradient -grad J_FKL.")
 check_prop_offpolicy_reinforce_loss_ufkl = _register_reinforce(
-    "ufkl", "REINFORCE-style UFKL: -E_~old[SG(Z_old (w R - beta (w - 1))) log pi_theta] has gradient -grad J_UFKL.")
+    "ufkl",
+    "REINFORCE-style UFKL: -E_~old[SG(Z_old (w R - beta (w - 1))) log pi_theta] has gradient "
+    "-grad J_UFKL.",
+)
 check_prop_offpolicy_reinforce_loss_rkl = _register_reinforce(
-    "rkl", "REINFORCE-style RKL: -E_old[SG(w (R - beta log w - beta)) log pi_theta] has gradient -grad J_RKL.")
+    "rkl",
+    "REINFORCE-style RKL: -E_old[SG(w (R - beta log w - beta)) log pi_theta] has gradient -grad "
+    "J_RKL.",
+)
 check_prop_offpolicy_reinforce_loss_urkl = _register_reinforce(
-    "urkl", "REINFORCE-style URKL: -E_~old[SG(Z_old w (R - beta log w)) log pi_theta] has gradient -grad J_URKL.")
-
+    "urkl",
+    "REINFORCE-style URKL: -E_~old[SG(Z_old w (R - beta log w)) log pi_theta] has gradient -grad "
+    "J_URKL.",
+)

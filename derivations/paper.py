@@ -43,29 +43,48 @@ class PaperForm:
 
 PAPER = {
     "ufkl": PaperForm(
-        "ufkl", "prop:policy_gradient_unormalized_forward_kl", "prop:offpolicy_reinforce_loss_ufkl", "tilde",
+        "ufkl",
+        "prop:policy_gradient_unormalized_forward_kl",
+        "prop:offpolicy_reinforce_loss_ufkl",
+        "tilde",
         grad_weight=lambda w, lw, lp, R, b, Z: Z * (w * R - b * (w - 1)),
         loss=lambda w, lw, lp, R, b, Z: Z * (-w * R + b * (w - lw - 1)),
         rf_weight=lambda w, lw, lp, R, b, Z: Z * (w * R - b * (w - 1)),
-        where="tab:off-policy-loss l.345, prop l.368-377, tab:off-policy-loss-reinforce l.573, prop l.1327-1333"),
+        where="tab:off-policy-loss l.345, prop l.368-377, tab:off-policy-loss-reinforce l.573, "
+              "prop l.1327-1333",
+    ),
     "urkl": PaperForm(
-        "urkl", "prop:policy_gradient_unormalized_reverse_kl", "prop:offpolicy_reinforce_loss_urkl", "tilde",
+        "urkl",
+        "prop:policy_gradient_unormalized_reverse_kl",
+        "prop:offpolicy_reinforce_loss_urkl",
+        "tilde",
         grad_weight=lambda w, lw, lp, R, b, Z: Z * w * (R - b * lw),
         loss=lambda w, lw, lp, R, b, Z: Z * (-w * R + b * (w * lw - w)),
         rf_weight=lambda w, lw, lp, R, b, Z: Z * w * (R - b * lw),
-        where="tab:off-policy-loss l.346, prop l.413-421, tab:off-policy-loss-reinforce l.574, prop l.1352-1358"),
+        where="tab:off-policy-loss l.346, prop l.413-421, tab:off-policy-loss-reinforce l.574, "
+              "prop l.1352-1358",
+    ),
     "fkl": PaperForm(
-        "fkl", "prop:policy_gradient_forward_kl", "prop:offpolicy_reinforce_loss_fkl", "old",
+        "fkl",
+        "prop:policy_gradient_forward_kl",
+        "prop:offpolicy_reinforce_loss_fkl",
+        "old",
         grad_weight=lambda w, lw, lp, R, b, Z: w * R + b,
         loss=lambda w, lw, lp, R, b, Z: -w * R - b * lp,
         rf_weight=lambda w, lw, lp, R, b, Z: w * R + b,
-        where="tab:off-policy-loss-normalized l.1240, prop l.1253-1262, prop l.1311-1316"),
+        where="tab:off-policy-loss-normalized l.1240, prop l.1253-1262, prop l.1311-1316",
+    ),
     "rkl": PaperForm(
-        "rkl", "prop:policy_gradient_reverse_kl", "prop:offpolicy_reinforce_loss_rkl", "old",
+        "rkl",
+        "prop:policy_gradient_reverse_kl",
+        "prop:offpolicy_reinforce_loss_rkl",
+        "old",
         grad_weight=lambda w, lw, lp, R, b, Z: w * (R - b * (lw + 1)),
         loss=lambda w, lw, lp, R, b, Z: w * (-R + b * lw),
         rf_weight=lambda w, lw, lp, R, b, Z: w * (R - b * lw - b),
-        where="tab:off-policy-loss-normalized l.1241, prop l.1275-1284, eq:loss_rkl_offpolicy_reinforce l.1341-1345"),
+        where="tab:off-policy-loss-normalized l.1241, prop l.1275-1284, "
+              "eq:loss_rkl_offpolicy_reinforce l.1341-1345",
+    ),
 }
 
 
@@ -94,13 +113,23 @@ def objective_sym(div: str, S) -> sp.Expr:
     return er - S.beta * divergence(div, S.p, S.o, sp.log, lambda xs: sp.Add(*xs))
 
 
-def objective_torch(div: str, logits: torch.Tensor, old_logp: torch.Tensor, R: torch.Tensor, beta: float,
-                    ref_logp: torch.Tensor | None = None) -> torch.Tensor:
+def objective_torch(
+    div: str,
+    logits: torch.Tensor,
+    old_logp: torch.Tensor,
+    R: torch.Tensor,
+    beta: float,
+    ref_logp: torch.Tensor | None = None,
+) -> torch.Tensor:
     """J(theta) = sum_x pi_theta(x) R(x) - beta D(pi_theta, pi_ref); pi_ref = pi_old by default."""
-    return objective_logp(div, torch.log_softmax(logits, -1), old_logp if ref_logp is None else ref_logp, R, beta)
+    return objective_logp(
+        div, torch.log_softmax(logits, -1), old_logp if ref_logp is None else ref_logp, R, beta
+    )
 
 
-def objective_logp(div: str, logp: torch.Tensor, lref: torch.Tensor, R: torch.Tensor, beta: float) -> torch.Tensor:
+def objective_logp(
+    div: str, logp: torch.Tensor, lref: torch.Tensor, R: torch.Tensor, beta: float
+) -> torch.Tensor:
     """J = sum_x pi(x) R(x) - beta D(pi, pi_ref) for log-probabilities logp over all outcomes x."""
     p, q = logp.exp(), lref.exp()
     if div == "fkl":
@@ -151,7 +180,9 @@ def kl_component(div: str, w, lw, b):
     """C_KL of Algorithm 2 (alg:offpolicy_rpg_rf_ppo_dualclip_v1): the KL part of the REINFORCE
     weight, so that w A_R + C_KL = Weight (prop:offpolicy_reinforce_loss_*; Z_old dropped as in
     l.1466)."""
-    return {"fkl": b + 0 * w, "ufkl": -b * (w - 1), "rkl": -b * w * (lw + 1), "urkl": -b * w * lw}[div]
+    return {"fkl": b + 0 * w, "ufkl": -b * (w - 1), "rkl": -b * w * (lw + 1), "urkl": -b * w * lw}[
+        div
+    ]
 
 
 def alg2_loss(logpi, old_logp, A_R, div, b, eps1, eps2, c):

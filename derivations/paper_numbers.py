@@ -164,7 +164,7 @@ def cite(label: str) -> str:
 def load(path: Path = NUMBERS_FILE) -> dict[str, str]:
     """The committed {label: number} table."""
     rows = (ln.split("\t") for ln in path.read_text().splitlines() if ln and not ln.startswith("#"))
-    return {label: number for label, number in rows}
+    return dict(rows)
 
 
 def render(numbers: dict[str, tuple[str, int]]) -> str:

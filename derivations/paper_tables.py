@@ -168,8 +168,10 @@ def command_arg(src: Source, start: int, end: int, cmd: str) -> tuple[str, int] 
 
 
 # Commands that may precede a row's first cell and carry no content: rules and the row colour.
-_LEADING = re.compile(r"\s*(\\(?:toprule|midrule|bottomrule|hline)\b|\\cmidrule(?:\([^)]*\))?\{[^}]*\}"
-                      r"|\\cline\{[^}]*\}|\\rowcolor(?:\[[^\]]*\])?\{[^}]*\})")
+_LEADING = re.compile(
+    r"\s*(\\(?:toprule|midrule|bottomrule|hline)\b|\\cmidrule(?:\([^)]*\))?\{[^}]*\}"
+    r"|\\cline\{[^}]*\}|\\rowcolor(?:\[[^\]]*\])?\{[^}]*\})"
+)
 _WRAPPERS = re.compile(r"^\\(textbf|underline|textit|emph|mathbf)\s*\{")
 
 
@@ -189,13 +191,19 @@ def unwrap(cell: str) -> tuple[str, set]:
     cell; returns (inner text, {"bold", "underline", ...} of the wrappers met)."""
     s, marks = cell.strip(), set()
     while True:
-        m = re.match(r"^\\multicolumn\{\d+\}\{[^}]*\}\{", s) or re.match(r"^\\multirow\{[^}]*\}\{[^}]*\}\{", s)
+        m = re.match(r"^\\multicolumn\{\d+\}\{[^}]*\}\{", s) or re.match(
+            r"^\\multirow\{[^}]*\}\{[^}]*\}\{", s
+        )
         if m and match_brace(s, m.end() - 1) == len(s):
             s = s[m.end():-1].strip()
             continue
         m = _WRAPPERS.match(s)
         if m and match_brace(s, m.end() - 1) == len(s):
-            marks.add({"textbf": "bold", "mathbf": "bold", "underline": "underline"}.get(m.group(1), m.group(1)))
+            marks.add(
+                {"textbf": "bold", "mathbf": "bold", "underline": "underline"}.get(
+                    m.group(1), m.group(1)
+                )
+            )
             s = s[m.end():-1].strip()
             continue
         if s.startswith("{") and match_brace(s, 0) == len(s):
@@ -219,7 +227,10 @@ _NUMBER = re.compile(r"^-?\d+(?:\.(\d+))?$")
 def _caption_setting(caption: str) -> dict:
     ctx = re.search(r"(\d+)\s*[kK]\s+context length", caption)
     model = re.search(r"with\s+(Qwen[-\w.]+)\s+model", caption)
-    return {"context": f"{ctx.group(1)}k" if ctx else None, "model": model.group(1) if model else None}
+    return {
+        "context": f"{ctx.group(1)}k" if ctx else None,
+        "model": model.group(1) if model else None,
+    }
 
 
 def _caption_marks(caption: str) -> dict:
@@ -267,16 +278,18 @@ def parse_table(src: Source, begin: int, body_start: int, body_end: int) -> dict
     header, body = parsed[:first_body], [p for p in parsed[first_body:] if text[p[0]:p[1]].strip()]
     # columns from the header rows: expand \multicolumn spans, one label per level
     levels = []
-    for a, b, seen, cells, _ in header:
+    for _a, _b, _seen, cells, _ in header:
         expanded = []
-        for x, y, c in cells:
+        for x, _y, c in cells:
             name = unwrap(c)[0]
             expanded += [(name, src.line(x))] * _multicolumn_span(c)
         levels.append(expanded)
     ncols = len(levels[-1]) if levels else len(body[0][3])
     for lv in levels:
         if len(lv) != ncols:
-            raise src.error(header[0][0], f"{label[0]}: header rows have {len(lv)} and {ncols} columns")
+            raise src.error(
+                header[0][0], f"{label[0]}: header rows have {len(lv)} and {ncols} columns"
+            )
     columns = []
     for j in range(1, ncols):
         names = [lv[j][0] for lv in levels if lv[j][0]]
@@ -285,22 +298,30 @@ def parse_table(src: Source, begin: int, body_start: int, body_end: int) -> dict
                         "header_line": levels[0][j][1] if levels else None})
     lab = label[0]
     out_rows, out_cells, block = [], [], 0
-    for a, b, seen, cells, _ in body:
+    for _a, _b, seen, cells, _ in body:
         if any(s.startswith("\\midrule") for s in seen) and out_rows:
             block += 1
-        color = next((re.search(r"\{([^}]*)\}", s).group(1) for s in seen if s.startswith("\\rowcolor")), None)
+        color = next(
+            (re.search(r"\{([^}]*)\}", s).group(1) for s in seen if s.startswith("\\rowcolor")),
+            None,
+        )
         first = cells[0][0] + len(cells[0][2]) - len(cells[0][2].lstrip())
         if len(cells) != ncols:
             raise src.error(first, f"{lab}: row has {len(cells)} cells, the header has {ncols}")
         method = unwrap(cells[0][2])[0]
-        out_rows.append({"method": method, "line": src.line(first), "block": block, "rowcolor": color})
-        for col, (x, y, c) in zip(columns, cells[1:]):
+        out_rows.append(
+            {"method": method, "line": src.line(first), "block": block, "rowcolor": color}
+        )
+        for col, (x, _y, c) in zip(columns, cells[1:]):
             inner, marks = unwrap(c)
             pos = x + len(c) - len(c.lstrip())
             m = _NUMBER.match(inner)
             if m is None and inner not in MISSING:
-                raise src.error(pos, f"{lab}: cell {inner!r} ({method}, {col['benchmark']} {col['metric']}) "
-                                     "is neither a number nor a missing-value dash")
+                raise src.error(
+                    pos,
+                    f"{lab}: cell {inner!r} ({method}, {col['benchmark']} {col['metric']}) "
+                    "is neither a number nor a missing-value dash",
+                )
             out_cells.append({"table": lab, "method": method, "benchmark": col["benchmark"],
                               "metric": col["metric"], "value": float(inner) if m else None,
                               "text": inner, "decimals": len(m.group(1) or "") if m else None,
@@ -344,7 +365,9 @@ def _sentence(text: str, pos: int, floor: int = 0, width: int = 240) -> str:
 
 def text_numbers(src: Source) -> list[dict]:
     """Result-like numbers in the text sections (TEXT_SECTIONS), figures/tables excluded."""
-    floats = [(b, e) for env in ("table", "figure", "algorithm") for b, _, _, e in environments(src, env)]
+    floats = [
+        (b, e) for env in ("table", "figure", "algorithm") for b, _, _, e in environments(src, env)
+    ]
     text = _blank_spans(src.text, floats)
     out = []
     for name, start, stop in TEXT_SECTIONS:
@@ -382,9 +405,16 @@ def transcribe(tex: str) -> dict:
     labels = [t["label"] for t in tables]
     if len(set(labels)) != len(labels):
         raise TexError(f"rpg_paper.tex: two results tables share a label: {labels}")
-    return {"source": "rpg_paper.tex", "source_sha256": hashlib.sha256(tex.encode()).hexdigest(),
-            "source_lines": len(tex.splitlines()), "generated_by": GENERATED_BY,
-            "tables": tables, "cells": cells, "other_tables": other, "text_numbers": text_numbers(src)}
+    return {
+        "source": "rpg_paper.tex",
+        "source_sha256": hashlib.sha256(tex.encode()).hexdigest(),
+        "source_lines": len(tex.splitlines()),
+        "generated_by": GENERATED_BY,
+        "tables": tables,
+        "cells": cells,
+        "other_tables": other,
+        "text_numbers": text_numbers(src),
+    }
 
 
 def dumps(results: dict) -> str:
@@ -392,10 +422,18 @@ def dumps(results: dict) -> str:
     def block(key, items, indent=" "):
         inner = (",\n" + indent + " ").join(json.dumps(x, ensure_ascii=False) for x in items)
         return f'{indent}"{key}": [\n{indent} {inner}\n{indent}]'
-    parts = [f' "{k}": {json.dumps(results[k])}' for k in ("source", "source_sha256", "source_lines", "generated_by")]
+
+    parts = [
+        f' "{k}": {json.dumps(results[k])}'
+        for k in ("source", "source_sha256", "source_lines", "generated_by")
+    ]
     tables = []
     for t in results["tables"]:
-        head = ", ".join(f'"{k}": {json.dumps(t[k], ensure_ascii=False)}' for k in t if k not in ("columns", "rows"))
+        head = ", ".join(
+            f'"{k}": {json.dumps(t[k], ensure_ascii=False)}'
+            for k in t
+            if k not in ("columns", "rows")
+        )
         tables.append("  {" + head + ",\n" + block("columns", t["columns"], "   ") + ",\n"
                       + block("rows", t["rows"], "   ") + "}")
     parts.append(' "tables": [\n' + ",\n".join(tables) + "\n ]")
@@ -408,8 +446,10 @@ def read_tex(path=None) -> str:
     """The paper's LaTeX; FileNotFoundError with the fix when it is absent."""
     p = Path(path) if path else paper_tex_path()
     if not p.is_file():
-        raise FileNotFoundError(f"rpg_paper.tex not found at {p}: set {PAPER_ENV}=/path/to/rpg_paper.tex "
-                                "(the paper is not part of this repository)")
+        raise FileNotFoundError(
+            f"rpg_paper.tex not found at {p}: set {PAPER_ENV}=/path/to/rpg_paper.tex "
+            "(the paper is not part of this repository)"
+        )
     return p.read_text(encoding="utf-8")
 
 
@@ -468,7 +508,9 @@ def best_below_last(results: dict) -> list[dict]:
     """Every (table, method, benchmark) whose Best is smaller than its Last."""
     out = []
     for t in results["tables"]:
-        by_key = {(c["method"], c["benchmark"], c["metric"]): c for c in cells_of(results, t["label"])}
+        by_key = {
+            (c["method"], c["benchmark"], c["metric"]): c for c in cells_of(results, t["label"])
+        }
         for (method, bench, metric), last in by_key.items():
             best = by_key.get((method, bench, "Best"))
             if metric == "Last" and best and None not in (last["value"], best["value"]) \
@@ -489,7 +531,10 @@ def mark_mismatches(results: dict) -> list[dict]:
                 if c["value"] is None:
                     continue
                 r = rank(col, c)
-                want = {"bold": "bold" in conv and r == 1, "underline": "underline" in conv and r == 2}
+                want = {
+                    "bold": "bold" in conv and r == 1,
+                    "underline": "underline" in conv and r == 2,
+                }
                 for mark in ("bold", "underline"):
                     if mark in conv and c[mark] != want[mark]:
                         out.append({"table": t["label"], "method": c["method"], "benchmark": bench,
@@ -509,8 +554,19 @@ def average_columns(results: dict) -> list[dict]:
                 continue
             parts = [k for k in cols if k[1] == metric and k != (bench, metric)]
             for c in col:
-                vals = [next(x for x in cols[k] if x["method"] == c["method"])["value"] for k in parts]
+                vals = [
+                    next(x for x in cols[k] if x["method"] == c["method"])["value"] for k in parts
+                ]
                 mean = sum(vals) / len(vals)
-                out.append({"table": t["label"], "method": c["method"], "metric": metric, "printed": c["text"],
-                            "mean": mean, "ok": round(mean, c["decimals"]) == c["value"], "line": c["line"]})
+                out.append(
+                    {
+                        "table": t["label"],
+                        "method": c["method"],
+                        "metric": metric,
+                        "printed": c["text"],
+                        "mean": mean,
+                        "ok": round(mean, c["decimals"]) == c["value"],
+                        "line": c["line"],
+                    }
+                )
     return out

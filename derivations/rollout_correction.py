@@ -19,8 +19,8 @@ rpg_ref.losses and rpg_ref.rollout_correction, by float64 enumeration (1e-10) an
            which is 0 when mu and pi_old differ only in the last token's distribution. The reward
            part (A depends on the whole response) keeps the suffix term.
   (cap)    with cap C, r = pi_old / mu:
-               tis  min(r, C)      E_mu[grad] = -grad J - sum_{x: r > C} (pi_old(x) - C mu(x)) grad l(x)
-               mis  r 1{r <= C}    E_mu[grad] = -grad J - sum_{x: r > C} pi_old(x) grad l(x)
+               tis  min(r, C)      E_mu[grad] = -grad J - sum_{x: r > C} (pi_old(x) - C mu(x)) grad
+               l(x) mis  r 1{r <= C}    E_mu[grad] = -grad J - sum_{x: r > C} pi_old(x) grad l(x)
            i.e. -E_mu[(r - C)_+ grad l] and -E_mu[r 1{r > C} grad l].
 """
 
@@ -55,8 +55,14 @@ def k_problem(seed: int, ref_dist):
 
 def k_weights(P, mu_logp, mode="tis", cap=math.inf):
     K = len(mu_logp)
-    w, _ = importance_weights(P.old_logp.view(K, 1), mu_logp.view(K, 1), torch.ones(K, 1, dtype=DTYPE),
-                              mode=mode, level="sequence", cap=cap)
+    w, _ = importance_weights(
+        P.old_logp.view(K, 1),
+        mu_logp.view(K, 1),
+        torch.ones(K, 1, dtype=DTYPE),
+        mode=mode,
+        level="sequence",
+        cap=cap,
+    )
     return w                                                                      # [K]
 
 
@@ -67,22 +73,33 @@ def k_expected_grad(name, P, dist_logp, weight=None, clip=None):
     th = P.logits.detach().clone().requires_grad_(True)
     logp = torch.log_softmax(th, -1)
     ref = None if P.ref_logp is None else P.ref_logp.view(K, 1)
-    dl = row_grads(get_loss(name), logp.view(K, 1), P.old_logp.view(K, 1), P.R, torch.ones(K, 1, dtype=DTYPE),
-                   beta=P.beta, ref_logp=ref, clip=clip, sample_weight=weight)   # [K, 1]
+    dl = row_grads(
+        get_loss(name),
+        logp.view(K, 1),
+        P.old_logp.view(K, 1),
+        P.R,
+        torch.ones(K, 1, dtype=DTYPE),
+        beta=P.beta,
+        ref_logp=ref,
+        clip=clip,
+        sample_weight=weight,
+    )   # [K, 1]
     G = dl * jac(logp, th)                                                        # [K, K]
     return dist_logp.exp() @ G, G
 
 
 def minus_grad_j(name, P):
     th = P.logits.clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(paper.objective_torch(name.rsplit("-", 1)[1], th, P.old_logp, P.R, P.beta,
-                                                     P.ref_logp), th)
+    (g,) = torch.autograd.grad(
+        paper.objective_torch(name.rsplit("-", 1)[1], th, P.old_logp, P.R, P.beta, P.ref_logp), th
+    )
     return -g
 
 
 def cap_coef(mode: str, cap: float, old_logp, mu_logp):
     """The closed forms' coefficients, from the probabilities themselves (not from the weights):
-    bias = -sum_x coef(x) grad l(x), coef = (pi_old - C mu) 1{r > C} (tis), pi_old 1{r > C} (mis)."""
+    bias = -sum_x coef(x) grad l(x), coef = (pi_old - C mu) 1{r > C} (tis), pi_old 1{r > C}
+    (mis)."""
     p_old, p_mu = old_logp.exp(), mu_logp.exp()
     over = p_old > cap * p_mu                                                     # r > C
     return torch.where(over, p_old - cap * p_mu if mode == "tis" else p_old, 0.0)
@@ -105,12 +122,21 @@ def cap_between(r, q: float) -> float:
 def k_mc(ck: Checker, label, name, P, mu_logp, weight, exact, G, n: int, seed: int):
     """N outcomes from mu, ONE weighted loss call on the [N, 1] batch; its gradient is the mean of
     the per-outcome gradients G[x_i] (asserted), compared with ``exact`` by z-scores."""
-    idx = torch.multinomial(mu_logp.exp(), n, replacement=True, generator=torch.Generator().manual_seed(seed))
+    idx = torch.multinomial(
+        mu_logp.exp(), n, replacement=True, generator=torch.Generator().manual_seed(seed)
+    )
     th = P.logits.detach().clone().requires_grad_(True)
     logp = torch.log_softmax(th, -1)[idx].view(n, 1)
     ref = None if P.ref_logp is None else P.ref_logp[idx].view(n, 1)
-    loss, _ = get_loss(name)(logp, P.old_logp[idx].view(n, 1), P.R[idx], torch.ones(n, 1, dtype=DTYPE),
-                             beta=P.beta, ref_logp=ref, sample_weight=weight[idx])
+    loss, _ = get_loss(name)(
+        logp,
+        P.old_logp[idx].view(n, 1),
+        P.R[idx],
+        torch.ones(n, 1, dtype=DTYPE),
+        beta=P.beta,
+        ref_logp=ref,
+        sample_weight=weight[idx],
+    )
     (g,) = torch.autograd.grad(loss, th)
     ck.fact(f"{label}: batched weighted gradient == mean of per-outcome gradients",
             float((g - G[idx].mean(0)).abs().max()) <= 1e-12, quiet=True)
@@ -123,7 +149,8 @@ def k_mc(ck: Checker, label, name, P, mu_logp, weight, exact, G, n: int, seed: i
 
 def ar_setting(seed: int = 0, mu_dist: float = 0.5, last_token_only: bool = False):
     """theta (off-policy), log pi_old, log pi_ref, log mu per token [27, 3], R [27]. mu: pi_old's
-    logits moved by mu_dist N(0, 1), on every prefix or (last_token_only) on the length-2 prefixes."""
+    logits moved by mu_dist N(0, 1), on every prefix or (last_token_only) on the length-2
+    prefixes."""
     g = torch.Generator().manual_seed(seed)
     n, V = AR.n_prefix, AR.V
     th_old = torch.randn(n, V, generator=g, dtype=DTYPE)
@@ -138,23 +165,45 @@ def ar_setting(seed: int = 0, mu_dist: float = 0.5, last_token_only: bool = Fals
 
 
 def ar_expected_grad(name, level, theta, old_tok, ref_tok, dist_tok, adv, beta, weight=None):
-    """sum_y dist(y) grad [c(y) loss(y)]: one loss call on the 27 responses (agg seq-mean-token-sum),
+    """sum_y dist(y) grad [c(y) loss(y)]: one loss call on the 27 responses (agg
+    seq-mean-token-sum),
     per-row gradients reweighted by dist(y) and chained to the logits table."""
     th = theta.detach().clone().requires_grad_(True)
-    tok = token_logp(th)                                                          # [27, 3]
-    dl = row_grads(get_loss(name), tok, old_tok, adv, torch.ones_like(tok), beta=beta, ref_logp=ref_tok,
-                   level=level, agg="seq-mean-token-sum", sample_weight=weight)  # [27, 3]
+    tok = token_logp(th)  # [27, 3]
+    dl = row_grads(
+        get_loss(name),
+        tok,
+        old_tok,
+        adv,
+        torch.ones_like(tok),
+        beta=beta,
+        ref_logp=ref_tok,
+        level=level,
+        agg="seq-mean-token-sum",
+        sample_weight=weight,
+    )  # [27, 3]
     (g,) = torch.autograd.grad((dist_tok.sum(1).exp()[:, None] * dl * tok).sum(), th)
     return g.reshape(-1)
 
 
 def ar_token_bias(name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only: bool):
     """B = E_mu[sum_t r_t (1 - prod_{s != t} r_s) grad l_t] (prefix_only: prod over s < t), from
-    the unweighted token-level loss's per-token gradients (token t's term depends on log pi(y_t) only)."""
+    the unweighted token-level loss's per-token gradients (token t's term depends on log pi(y_t)
+    only)."""
     th = theta.detach().clone().requires_grad_(True)
     tok = token_logp(th)
-    dl = row_grads(get_loss(name), tok, old_tok, adv, torch.ones_like(tok), beta=beta, ref_logp=ref_tok,
-                   level="token", agg="seq-mean-token-sum")                      # [27, 3] unweighted
+    dl = row_grads(
+        get_loss(name),
+        tok,
+        old_tok,
+        adv,
+        torch.ones_like(tok),
+        beta=beta,
+        ref_logp=ref_tok,
+        # [27, 3] unweighted
+        level="token",
+        agg="seq-mean-token-sum",
+    )
     log_r = old_tok - mu_tok                                                      # [27, 3]
     others = log_r.cumsum(1) - log_r if prefix_only else log_r.sum(1, keepdim=True) - log_r
     coef = mu_tok.sum(1).exp()[:, None] * log_r.exp() * (1 - others.exp())      # [27, 3]
@@ -163,7 +212,9 @@ def ar_token_bias(name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only:
 
 
 def ar_weights(old_tok, mu_tok, level, mode="tis", cap=math.inf):
-    w, _ = importance_weights(old_tok, mu_tok, torch.ones_like(old_tok), mode=mode, level=level, cap=cap)
+    w, _ = importance_weights(
+        old_tok, mu_tok, torch.ones_like(old_tok), mode=mode, level=level, cap=cap
+    )
     return w
 
 
@@ -171,10 +222,13 @@ def ar_weights(old_tok, mu_tok, level, mode="tis", cap=math.inf):
 # the claims
 # ---------------------------------------------------------------------------
 
-@claim("rollout-correction-exact", "sec:offpolicy_policy_gradients",
-       "Beyond the paper: with samples from a sampler mu != pi_old, weighting each sample's loss by "
-       "r = pi_old/mu (no cap) gives E_mu[grad r L] = -grad J for every rpg loss (one-token samples; "
-       "whole responses at level 'sequence'); unweighted, E_mu[grad L] != -grad J.")
+@claim(
+    "rollout-correction-exact",
+    "sec:offpolicy_policy_gradients",
+    "Beyond the paper: with samples from a sampler mu != pi_old, weighting each sample's loss by "
+    "r = pi_old/mu (no cap) gives E_mu[grad r L] = -grad J for every rpg loss (one-token samples; "
+    "whole responses at level 'sequence'); unweighted, E_mu[grad L] != -grad J.",
+)
 def check_rollout_correction_exact(ck: Checker, fast: bool) -> None:
     for ref_dist in (None, 0.8):
         P, mu = k_problem(seed=3, ref_dist=ref_dist)
@@ -185,9 +239,14 @@ def check_rollout_correction_exact(ck: Checker, fast: bool) -> None:
                 g, _ = k_expected_grad(name, P, mu, k_weights(P, mu, mode))
                 ck.exact(f"{name} {tag} {mode} cap=inf: E_mu[grad r L] == -grad J", g, target)
             g_raw, _ = k_expected_grad(name, P, mu)
-            ck.fact(f"{name} {tag}: unweighted E_mu[grad L] != -grad J", rel_err(g_raw, target) > 1e-2,
-                    f"rel err {rel_err(g_raw, target):.3g}", quiet=True)
-            clip = (0.2, 0.28, 3.0)                   # any loss, clipped too: E_mu[r grad L] = E_old[grad L]
+            ck.fact(
+                f"{name} {tag}: unweighted E_mu[grad L] != -grad J",
+                rel_err(g_raw, target) > 1e-2,
+                f"rel err {rel_err(g_raw, target):.3g}",
+                quiet=True,
+            )
+            # any loss, clipped too: E_mu[r grad L] = E_old[grad L]
+            clip = (0.2, 0.28, 3.0)
             g_clip, _ = k_expected_grad(name, P, mu, k_weights(P, mu), clip=clip)
             ck.exact(f"{name} {tag} clipped: E_mu[grad r L] == E_old[grad L]", g_clip,
                      k_expected_grad(name, P, P.old_logp, clip=clip)[0])
@@ -200,8 +259,12 @@ def check_rollout_correction_exact(ck: Checker, fast: bool) -> None:
             g = ar_expected_grad(name, "sequence", theta, old_tok, ref, mu_tok, R, 0.5, w_seq)
             ck.exact(f"{name} level=sequence {ref_name}: E_mu[grad r L] == -grad J_seq", g, target)
             g_tok = ar_expected_grad(name, "token", theta, old_tok, ref, mu_tok, R, 0.5, w_seq)
-            ck.exact(f"{name} level=token, weight per response {ref_name}: E_mu == E_old of the token loss",
-                     g_tok, ar_expected_grad(name, "token", theta, old_tok, ref, old_tok, R, 0.5))
+            ck.exact(
+                f"{name} level=token, weight per response {ref_name}: E_mu == E_old of the token "
+                "loss",
+                g_tok,
+                ar_expected_grad(name, "token", theta, old_tok, ref, old_tok, R, 0.5),
+            )
     P, mu = k_problem(seed=3, ref_dist=0.8)
     for name in ("rpg-urkl", "rpg-reinforce-fkl"):
         w = k_weights(P, mu)
@@ -211,11 +274,14 @@ def check_rollout_correction_exact(ck: Checker, fast: bool) -> None:
             "that the library applies it: float64 enumeration and Monte Carlo)")
 
 
-@claim("rollout-correction-token-level", "sec:offpolicy_policy_gradients",
-       "Beyond the paper: per-token weights r_t on a token-level loss give E_old[grad L] + B, "
-       "B = E_mu[sum_t r_t (1 - prod_{s!=t} r_s) grad l_t]; for the KL part (l_t a function of y_<=t) "
-       "only the prefix ratios s < t enter B, which vanishes when mu differs from pi_old in the last "
-       "token only.")
+@claim(
+    "rollout-correction-token-level",
+    "sec:offpolicy_policy_gradients",
+    "Beyond the paper: per-token weights r_t on a token-level loss give E_old[grad L] + B, "
+    "B = E_mu[sum_t r_t (1 - prod_{s!=t} r_s) grad l_t]; for the KL part (l_t a function of y_<=t) "
+    "only the prefix ratios s < t enter B, which vanishes when mu differs from pi_old in the last "
+    "token only.",
+)
 def check_rollout_correction_token_level(ck: Checker, fast: bool) -> None:
     theta, old_tok, ref_tok, mu_tok, R = ar_setting()
     w_tok = ar_weights(old_tok, mu_tok, "token")                                  # [27, 3]
@@ -225,16 +291,28 @@ def check_rollout_correction_token_level(ck: Checker, fast: bool) -> None:
         for comp, adv, beta in (("both", R, 0.5), ("KL part", zero, 1.0)):
             got = ar_expected_grad(name, "token", theta, old_tok, ref_tok, mu_tok, adv, beta, w_tok)
             e_old = ar_expected_grad(name, "token", theta, old_tok, ref_tok, old_tok, adv, beta)
-            bias = ar_token_bias(name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only=False)
+            bias = ar_token_bias(
+                name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only=False
+            )
             ck.exact(f"{name} {comp}: E_mu[sum r_t grad l_t] == E_old + B", got, e_old + bias)
-            prefix = ar_token_bias(name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only=True)
+            prefix = ar_token_bias(
+                name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only=True
+            )
             if comp == "KL part":
                 ck.exact(f"{name} KL part: B == prefix-only B", bias, prefix)
             else:
-                ck.fact(f"{name} reward and KL: the suffix ratios matter (B != prefix-only B)",
-                        rel_err(prefix, bias) > 1e-3, f"rel diff {rel_err(prefix, bias):.3g}", quiet=True)
-            ck.fact(f"{name} {comp}: token-level weights are biased here", rel_err(got, e_old) > 1e-3,
-                    f"rel err {rel_err(got, e_old):.3g}", quiet=True)
+                ck.fact(
+                    f"{name} reward and KL: the suffix ratios matter (B != prefix-only B)",
+                    rel_err(prefix, bias) > 1e-3,
+                    f"rel diff {rel_err(prefix, bias):.3g}",
+                    quiet=True,
+                )
+            ck.fact(
+                f"{name} {comp}: token-level weights are biased here",
+                rel_err(got, e_old) > 1e-3,
+                f"rel err {rel_err(got, e_old):.3g}",
+                quiet=True,
+            )
             worst[comp] = max(worst.get(comp, 0.0), rel_err(got, e_old))
     theta, old_tok, ref_tok, mu_tok, R = ar_setting(last_token_only=True)
     w_tok = ar_weights(old_tok, mu_tok, "token")
@@ -247,10 +325,13 @@ def check_rollout_correction_token_level(ck: Checker, fast: bool) -> None:
     ck.note("symbolic: n/a (float64 enumeration of all 27 responses)")
 
 
-@claim("rollout-correction-cap", "sec:offpolicy_policy_gradients",
-       "Beyond the paper: with cap C, truncated weights min(r, C) give E_mu[grad] = -grad J - "
-       "E_mu[(r - C)_+ grad l] and masked weights r 1{r <= C} give -grad J - E_mu[r 1{r > C} grad l], "
-       "for every rpg loss.")
+@claim(
+    "rollout-correction-cap",
+    "sec:offpolicy_policy_gradients",
+    "Beyond the paper: with cap C, truncated weights min(r, C) give E_mu[grad] = -grad J - "
+    "E_mu[(r - C)_+ grad l] and masked weights r 1{r <= C} give -grad J - E_mu[r 1{r > C} grad l], "
+    "for every rpg loss.",
+)
 def check_rollout_correction_cap(ck: Checker, fast: bool) -> None:
     for ref_dist in (None, 0.8):
         P, mu = k_problem(seed=3, ref_dist=ref_dist)
@@ -258,16 +339,24 @@ def check_rollout_correction_cap(ck: Checker, fast: bool) -> None:
         cap = cap_between(r, 0.5)
         for name in RPG_LOSSES:
             target = minus_grad_j(name, P)
-            _, G = k_expected_grad(name, P, mu)                               # unweighted per-outcome
+            # unweighted per-outcome
+            _, G = k_expected_grad(name, P, mu)
             for mode in ("tis", "mis"):
                 g, _ = k_expected_grad(name, P, mu, k_weights(P, mu, mode, cap))
                 bias, n_over = cap_bias(mode, cap, P.old_logp, mu, G)
                 ck.fact(f"cap {cap:.3g}: some outcomes capped, some not", 0 < n_over < len(r),
                         f"{n_over} of {len(r)} above", quiet=True)
-                ck.exact(f"{name} ref_dist={ref_dist} {mode} C={cap:.3g}: E_mu[grad] == -grad J + bias",
-                         g, target + bias)
-                ck.fact(f"{name} {mode}: the bias is not 0", float(bias.norm()) > 1e-3 * float(target.norm()),
-                        f"|bias| {float(bias.norm()):.3g}", quiet=True)
+                ck.exact(
+                    f"{name} ref_dist={ref_dist} {mode} C={cap:.3g}: E_mu[grad] == -grad J + bias",
+                    g,
+                    target + bias,
+                )
+                ck.fact(
+                    f"{name} {mode}: the bias is not 0",
+                    float(bias.norm()) > 1e-3 * float(target.norm()),
+                    f"|bias| {float(bias.norm()):.3g}",
+                    quiet=True,
+                )
     theta, old_tok, ref_tok, mu_tok, R = ar_setting()
     cap = cap_between((old_tok - mu_tok).sum(1).exp(), 0.7)
     for name in RPG_LOSSES:

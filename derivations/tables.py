@@ -21,14 +21,25 @@ from dataclasses import dataclass
 from . import paper_tables as pt
 from ._core import Checker, claim
 
-RESULTS_TABLES = ("tab:main_table_8k", "tab:main_table_4k", "tab:main_table_2k", "tab:main_table_4k_2",
-                  "tab:main_table_7b")
-FORMULA_TABLES = ("tab:off-policy-loss", "tab:off-policy-loss-reinforce", "tab:off-policy-loss-normalized")
+RESULTS_TABLES = (
+    "tab:main_table_8k",
+    "tab:main_table_4k",
+    "tab:main_table_2k",
+    "tab:main_table_4k_2",
+    "tab:main_table_7b",
+)
+FORMULA_TABLES = (
+    "tab:off-policy-loss",
+    "tab:off-policy-loss-reinforce",
+    "tab:off-policy-loss-normalized",
+)
 # tables that report the same runs (same caption setting): 4k on AIME/AMC and on Minerva/Olympiad
 SHARED_SETTINGS = {("4k", None): ("tab:main_table_4k", "tab:main_table_4k_2")}
 
 # The documented violations, exactly as the checks find them.
-ERRATA_BEST_BELOW_LAST = {("tab:main_table_8k", "RPG-URKL", "AIME25", "0.5261", "0.4938", 780): "E11"}
+ERRATA_BEST_BELOW_LAST = {
+    ("tab:main_table_8k", "RPG-URKL", "AIME25", "0.5261", "0.4938", 780): "E11"
+}
 ERRATA_MARKS = {("tab:main_table_8k", "AIME25", "Last"): ("E12", frozenset({
     ("RPG-URKL", "bold", False, 1), ("RPG-REINFORCE-URKL", "bold", True, 2),
     ("RPG-REINFORCE-URKL", "underline", False, 2), ("RPG-REINFORCE-UFKL", "underline", True, 3)}))}
@@ -56,8 +67,10 @@ class CellClaim:
         r = pt.rank(col, c)
         ok = c["text"] == self.text and (self.rank is None or r == self.rank)
         said = "" if self.rank is None else f", said to rank {self.rank}"
-        return ok, (f"l.{self.line} quotes {self.text}{said}: {self.table} l.{c['line']} {self.method} "
-                    f"{self.benchmark} {self.metric} = {c['text']}, rank {r}")
+        return ok, (
+            f"l.{self.line} quotes {self.text}{said}: {self.table} l.{c['line']} {self.method} "
+            f"{self.benchmark} {self.metric} = {c['text']}, rank {r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,9 +87,14 @@ class PercentClaim:
         pct = float(self.text.rstrip("%").rstrip("\\"))
         hits = [c for c in pt.cells_of(res, self.table) if pt.family(c["method"]) == self.family
                 and c["benchmark"] == self.benchmark and round(100 * c["value"]) == pct]
-        where = "; ".join(f"{c['method']} {c['metric']} {c['text']} (l.{c['line']})" for c in hits) or "none"
-        return bool(hits), (f"l.{self.line} quotes {self.text} for {self.family} on {self.benchmark}: "
-                            f"entries of {self.table} that round to it: {where}")
+        where = (
+            "; ".join(f"{c['method']} {c['metric']} {c['text']} (l.{c['line']})" for c in hits)
+            or "none"
+        )
+        return bool(hits), (
+            f"l.{self.line} quotes {self.text} for {self.family} on {self.benchmark}: "
+            f"entries of {self.table} that round to it: {where}"
+        )
 
 
 @dataclass(frozen=True)
@@ -96,16 +114,22 @@ class MarginClaim:
             base = {(c["benchmark"], c["metric"]): c for c in cells if c["method"] == self.baseline}
             for c in cells:
                 b = base.get((c["benchmark"], c["metric"]))
-                if b and pt.family(c["method"]) == self.family and c["benchmark"] in self.benchmarks:
+                if (
+                    b
+                    and pt.family(c["method"]) == self.family
+                    and c["benchmark"] in self.benchmarks
+                ):
                     out.append((100 * (c["value"] - b["value"]), c, b))
         return sorted(out, key=lambda m: -m[0])
 
     def evaluate(self, res) -> tuple[bool, str]:
         (top, c, b), *_ = self.margins(res)
         n = float(self.text.lstrip("+"))
-        return round(top) == n, (f"l.{self.line} quotes {self.text} points over {self.baseline}: the largest "
-                                 f"margin is {top:+.2f} ({c['table']} {c['method']} {c['benchmark']} "
-                                 f"{c['metric']} {c['text']} l.{c['line']} vs {b['text']} l.{b['line']})")
+        return round(top) == n, (
+            f"l.{self.line} quotes {self.text} points over {self.baseline}: the largest "
+            f"margin is {top:+.2f} ({c['table']} {c['method']} {c['benchmark']} "
+            f"{c['metric']} {c['text']} l.{c['line']} vs {b['text']} l.{b['line']})"
+        )
 
 
 @dataclass(frozen=True)
@@ -117,9 +141,13 @@ class ExternalClaim:
     erratum: str
 
     def evaluate(self, res) -> tuple[bool, str]:
-        in_tables = any(self.subject.lower() in r["method"].lower() for t in res["tables"] for r in t["rows"])
-        return in_tables, (f"l.{self.line} quotes {self.text} for {self.subject}, which is a row of "
-                           f"{'a' if in_tables else 'no'} results table")
+        in_tables = any(
+            self.subject.lower() in r["method"].lower() for t in res["tables"] for r in t["rows"]
+        )
+        return in_tables, (
+            f"l.{self.line} quotes {self.text} for {self.subject}, which is a row of "
+            f"{'a' if in_tables else 'no'} results table"
+        )
 
 
 @dataclass(frozen=True)
@@ -161,8 +189,10 @@ CLAIMS = (
     CellClaim(1566, "0.4458", _4K, _RF_URKL, "AIME24", "Last", rank=1),
     CellClaim(1566, "0.4281", _4K, _RF_UFKL, "AIME24", "Last", rank=2),
     CellClaim(1566, "0.4313", _4K, _RF_URKL, "AIME25", "Best", rank=1),
-    CellClaim(1566, "0.4125", _4K, _RF_URKL, "AIME25", "Last"),             # "a strong Last score"
-    RankClaim(1566, "RPG-REINFORCE-UFKL is second only to that", _4K, _RF_UFKL, "AIME25", "Best", 2),
+    CellClaim(1566, "0.4125", _4K, _RF_URKL, "AIME25", "Last"),  # "a strong Last score"
+    RankClaim(
+        1566, "RPG-REINFORCE-UFKL is second only to that", _4K, _RF_UFKL, "AIME25", "Best", 2
+    ),
     # sec:additional_exp, 2k (tab:main_table_2k)
     CellClaim(1568, "0.3625", _2K, _RF_UFKL, "AIME24", "Best", rank=1),
     CellClaim(1568, "0.3083", _2K, _RF_UFKL, "AIME25", "Best", rank=1),
@@ -180,34 +210,63 @@ def load_results() -> dict:
 # the checks
 # ---------------------------------------------------------------------------
 
-@claim("tables-transcription", "tab:main_table_* (transcription)",
-       "Every results table of the paper is transcribed in full from the LaTeX: the five tables "
-       "tab:main_table_{8k,4k,2k,4k_2,7b}, every (method, benchmark, Last/Best) cell a number in [0, 1] "
-       "printed with 4 decimals; the other tables hold formulas; re-parsing the paper (when present) "
-       "gives the committed file")
+@claim(
+    "tables-transcription",
+    "tab:main_table_* (transcription)",
+    "Every results table of the paper is transcribed in full from the LaTeX: the five tables "
+    "tab:main_table_{8k,4k,2k,4k_2,7b}, every (method, benchmark, Last/Best) cell a number in [0, "
+    "1] "
+    "printed with 4 decimals; the other tables hold formulas; re-parsing the paper (when present) "
+    "gives the committed file",
+)
 def check_transcription(ck: Checker, fast: bool) -> None:
     res = load_results()
     labels = tuple(t["label"] for t in res["tables"])
     ck.fact("results tables found", sorted(labels) == sorted(RESULTS_TABLES), f"{labels}")
     other = tuple(t["label"] for t in res["other_tables"])
-    ck.fact("the other table environments are formula tables", sorted(other) == sorted(FORMULA_TABLES), f"{other}")
+    ck.fact(
+        "the other table environments are formula tables",
+        sorted(other) == sorted(FORMULA_TABLES),
+        f"{other}",
+    )
     for t in res["tables"]:
         cells = pt.cells_of(res, t["label"])
         grid = {(c["method"], c["benchmark"], c["metric"]) for c in cells}
-        full = {(r["method"], col["benchmark"], col["metric"]) for r in t["rows"] for col in t["columns"]}
-        ck.fact(f"{t['label']}: full grid", grid == full and len(cells) == len(full),
-                f"{len(t['rows'])} methods x {len(t['columns'])} columns = {len(cells)} cells", quiet=True)
-        ck.fact(f"{t['label']}: every column is Last or Best",
-                {col["metric"] for col in t["columns"]} == {"Last", "Best"}, f"{t['columns']}", quiet=True)
-        bad = [c for c in cells if c["value"] is None or not 0 <= c["value"] <= 1 or c["decimals"] != 4]
-        ck.fact(f"{t['label']}: numbers in [0, 1] with 4 decimals", not bad, f"{bad[:3]}", quiet=True)
-        ck.note(f"{t['label']} (l.{t['begin_line']}, setting {t['setting']}): {len(t['rows'])} methods x "
-                f"{len(t['columns'])} columns")
+        full = {
+            (r["method"], col["benchmark"], col["metric"])
+            for r in t["rows"]
+            for col in t["columns"]
+        }
+        ck.fact(
+            f"{t['label']}: full grid",
+            grid == full and len(cells) == len(full),
+            f"{len(t['rows'])} methods x {len(t['columns'])} columns = {len(cells)} cells",
+            quiet=True,
+        )
+        ck.fact(
+            f"{t['label']}: every column is Last or Best",
+            {col["metric"] for col in t["columns"]} == {"Last", "Best"},
+            f"{t['columns']}",
+            quiet=True,
+        )
+        bad = [
+            c for c in cells if c["value"] is None or not 0 <= c["value"] <= 1 or c["decimals"] != 4
+        ]
+        ck.fact(
+            f"{t['label']}: numbers in [0, 1] with 4 decimals", not bad, f"{bad[:3]}", quiet=True
+        )
+        ck.note(
+            f"{t['label']} (l.{t['begin_line']}, setting {t['setting']}): {len(t['rows'])} "
+            "methods x "
+            f"{len(t['columns'])} columns"
+        )
     try:
         tex = pt.read_tex()
     except FileNotFoundError:
-        ck.note(f"paper not found at {pt.paper_tex_path()} (set {pt.PAPER_ENV}): checked the committed "
-                "transcription only")
+        ck.note(
+            f"paper not found at {pt.paper_tex_path()} (set {pt.PAPER_ENV}): checked the committed "
+            "transcription only"
+        )
         return
     fresh = pt.transcribe(tex)
     diff = [k for k in fresh if fresh[k] != res.get(k)]
@@ -232,9 +291,12 @@ def check_best_ge_last(ck: Checker, fast: bool) -> None:
     ck.fact("no other Best < Last", not extra, f"undocumented: {extra}" if extra else "")
 
 
-@claim("tables-caption-marks", "tab:main_table_* (captions)",
-       "As every caption says, the highest value of each column is bold and the second highest "
-       "underlined; RPG rows share one highlight colour, RPG-REINFORCE rows another, baselines none")
+@claim(
+    "tables-caption-marks",
+    "tab:main_table_* (captions)",
+    "As every caption says, the highest value of each column is bold and the second highest "
+    "underlined; RPG rows share one highlight colour, RPG-REINFORCE rows another, baselines none",
+)
 def check_caption_marks(ck: Checker, fast: bool) -> None:
     res = load_results()
     by_col = {}
@@ -244,25 +306,49 @@ def check_caption_marks(ck: Checker, fast: bool) -> None:
     n = sum(len(t["columns"]) for t in res["tables"])
     ck.note(f"{n} columns over {len(res['tables'])} tables; ties share a mark")
     for t in res["tables"]:
-        ck.fact(f"{t['label']}: caption states bold = highest, underline = second highest",
-                t["marks"] == {"bold": "highest", "underline": "second highest"}, f"{t['marks']}", quiet=True)
+        ck.fact(
+            f"{t['label']}: caption states bold = highest, underline = second highest",
+            t["marks"] == {"bold": "highest", "underline": "second highest"},
+            f"{t['marks']}",
+            quiet=True,
+        )
     for key, (e, expect) in ERRATA_MARKS.items():
         got = by_col.get(key, set())
         table, bench, metric = key
-        lines = sorted({c["line"] for c in pt.cells_of(res, table) if (c["benchmark"], c["metric"]) == (bench, metric)
-                        and any(c["method"] == x[0] for x in expect)})
-        ck.erratum(f"{e} {table} {bench} {metric} (l.{', '.join(map(str, lines))})", got == expect,
-                   "; ".join(f"{meth} rank {r}: {'printed' if p else 'no'} {mark}" for meth, mark, p, r in sorted(got))
-                   or "no mismatch found")
+        lines = sorted(
+            {
+                c["line"]
+                for c in pt.cells_of(res, table)
+                if (c["benchmark"], c["metric"]) == (bench, metric)
+                and any(c["method"] == x[0] for x in expect)
+            }
+        )
+        ck.erratum(
+            f"{e} {table} {bench} {metric} (l.{', '.join(map(str, lines))})",
+            got == expect,
+            "; ".join(
+                f"{meth} rank {r}: {'printed' if p else 'no'} {mark}"
+                for meth, mark, p, r in sorted(got)
+            )
+            or "no mismatch found",
+        )
     extra = {k: v for k, v in by_col.items() if k not in ERRATA_MARKS}
-    ck.fact("no other column's marks disagree with its values", not extra, f"undocumented: {extra}" if extra else "")
+    ck.fact(
+        "no other column's marks disagree with its values",
+        not extra,
+        f"undocumented: {extra}" if extra else "",
+    )
     for t in res["tables"]:
         colours = {}
         for r in t["rows"]:
             colours.setdefault(pt.family(r["method"]), set()).add(r["rowcolor"])
-        ok = (colours.get("baseline", {None}) == {None} and len(colours.get("rpg", ())) == 1
-              and len(colours.get("rpg-reinforce", ())) == 1 and None not in colours["rpg"] | colours["rpg-reinforce"]
-              and colours["rpg"] != colours["rpg-reinforce"])
+        ok = (
+            colours.get("baseline", {None}) == {None}
+            and len(colours.get("rpg", ())) == 1
+            and len(colours.get("rpg-reinforce", ())) == 1
+            and None not in colours["rpg"] | colours["rpg-reinforce"]
+            and colours["rpg"] != colours["rpg-reinforce"]
+        )
         ck.fact(f"{t['label']}: one highlight per family", ok, f"{colours}", quiet=True)
 
 
@@ -273,8 +359,12 @@ def check_average_columns(ck: Checker, fast: bool) -> None:
     avgs = pt.average_columns(res)
     bad = [a for a in avgs if not a["ok"]]
     ck.fact("every average entry is the mean of its row's columns", not bad, f"{bad}", quiet=True)
-    ck.note(f"{len(avgs)} average entries checked" if avgs else
-            f"no column is headed Avg/Average/Mean in the {len(res['tables'])} tables: nothing to average")
+    ck.note(
+        f"{len(avgs)} average entries checked"
+        if avgs
+        else f"no column is headed Avg/Average/Mean in the {len(res['tables'])} tables: nothing "
+             "to average"
+    )
 
 
 @claim("tables-cross-table", "tab:main_table_* (across tables)",
@@ -290,13 +380,17 @@ def check_cross_table(ck: Checker, fast: bool) -> None:
     for setting, labels in shared.items():
         tabs = [pt.table(res, lb) for lb in labels]
         methods = [[r["method"] for r in t["rows"]] for t in tabs]
-        ck.fact(f"{' and '.join(labels)} (setting {setting}) list the same methods in the same order",
-                all(m == methods[0] for m in methods), f"{methods}" if any(m != methods[0] for m in methods)
-                else f"{len(methods[0])} methods")
+        ck.fact(
+            f"{' and '.join(labels)} (setting {setting}) list the same methods in the same order",
+            all(m == methods[0] for m in methods),
+            f"{methods}" if any(m != methods[0] for m in methods) else f"{len(methods[0])} methods",
+        )
         seen = {}
         for lb in labels:
             for c in pt.cells_of(res, lb):
-                seen.setdefault((c["method"], c["benchmark"], c["metric"]), []).append((lb, c["text"], c["line"]))
+                seen.setdefault((c["method"], c["benchmark"], c["metric"]), []).append(
+                    (lb, c["text"], c["line"])
+                )
         twice = {k: v for k, v in seen.items() if len(v) > 1}
         clash = {k: v for k, v in twice.items() if len({x[1] for x in v}) > 1}
         ck.fact("entries reported twice agree", not clash, f"{clash}", quiet=True)
@@ -306,19 +400,28 @@ def check_cross_table(ck: Checker, fast: bool) -> None:
     ck.note(f"one table per setting: {rest}")
 
 
-@claim("tables-text-claims", "abstract, sec:* (quoted numbers)",
-       "Every number the abstract, introduction, experiments and additional results quote is a table "
-       "entry (or, for a percentage or a margin, follows from the table entries) and has the rank the "
-       "text gives it")
+@claim(
+    "tables-text-claims",
+    "abstract, sec:* (quoted numbers)",
+    "Every number the abstract, introduction, experiments and additional results quote is a table "
+    "entry (or, for a percentage or a margin, follows from the table entries) and has the rank the "
+    "text gives it",
+)
 def check_text_claims(ck: Checker, fast: bool) -> None:
     res = load_results()
     quoted = {(n["line"], n["text"]) for n in res["text_numbers"]}
     claimed = {(c.line, c.text) for c in CLAIMS if not isinstance(c, RankClaim)}
     ck.fact("every quoted number has a claim in derivations/tables.py CLAIMS", quoted <= claimed,
             f"unclaimed: {sorted(quoted - claimed)}", quiet=True)
-    ck.fact("every claim's number is in the text", claimed <= quoted, f"not found: {sorted(claimed - quoted)}",
-            quiet=True)
-    ck.note(f"{len(quoted)} numbers quoted in {sorted({n['section'] for n in res['text_numbers']})}")
+    ck.fact(
+        "every claim's number is in the text",
+        claimed <= quoted,
+        f"not found: {sorted(claimed - quoted)}",
+        quiet=True,
+    )
+    ck.note(
+        f"{len(quoted)} numbers quoted in {sorted({n['section'] for n in res['text_numbers']})}"
+    )
     external = {}
     for c in CLAIMS:
         ok, detail = c.evaluate(res)
@@ -328,8 +431,11 @@ def check_text_claims(ck: Checker, fast: bool) -> None:
             ck.fact(detail, ok)
     for e, items in external.items():
         lines = ", ".join(f"l.{c.line}" for c, _, _ in items)
-        ck.erratum(f"{e} ({lines})", not any(ok for _, ok, _ in items),
-                   f"{items[0][0].text} for {items[0][0].subject} is in no table; quoted at {lines}")
+        ck.erratum(
+            f"{e} ({lines})",
+            not any(ok for _, ok, _ in items),
+            f"{items[0][0].text} for {items[0][0].subject} is in no table; quoted at {lines}",
+        )
     for t in res["tables"]:
         tops = []
         for (bench, metric), col in pt.columns(res, t["label"]).items():

@@ -32,8 +32,14 @@ PREFIX = AR.prefix
 N_PREFIX = AR.n_prefix
 RPG_LOSSES = ("rpg-fkl", "rpg-ufkl", "rpg-rkl", "rpg-urkl",
               "rpg-reinforce-fkl", "rpg-reinforce-ufkl", "rpg-reinforce-rkl", "rpg-reinforce-urkl")
-BASELINES = ("grpo", "grpo-corrected")      # KL target: UKL(pi_theta || pi_ref); their own default clip
-SETTINGS = ("on-policy, ref=old", "on-policy, ref!=old", "off-policy, ref=old", "off-policy, ref!=old")
+# KL target: UKL(pi_theta || pi_ref); their own default clip
+BASELINES = ("grpo", "grpo-corrected")
+SETTINGS = (
+    "on-policy, ref=old",
+    "on-policy, ref!=old",
+    "off-policy, ref=old",
+    "off-policy, ref!=old",
+)
 COMPONENTS = {"reward": (1.0, 0.0), "kl": (0.0, 1.0), "both": (1.0, 0.5)}   # (scale of A, beta)
 
 
@@ -59,17 +65,29 @@ def loss_expected_grad(name: str, level: str, theta, old_tok, ref_tok, adv, beta
     th = theta.detach().clone().requires_grad_(True)
     tok = token_logp(th)                                                          # [27, 3]
     ones = torch.ones_like(tok)
-    dl = row_grads(get_loss(name), tok, old_tok, adv, ones, beta=beta, ref_logp=ref_tok, level=level,
-                   agg="seq-mean-token-sum")                                     # [27, 3]
+    dl = row_grads(
+        get_loss(name),
+        tok,
+        old_tok,
+        adv,
+        ones,
+        beta=beta,
+        ref_logp=ref_tok,
+        level=level,
+        agg="seq-mean-token-sum",
+    )                                     # [27, 3]
     p_old = old_tok.sum(1).exp()                                                  # [27]
     (g,) = torch.autograd.grad((p_old[:, None] * dl * tok).sum(), th)
     return g.reshape(-1)
 
 
 def sequence_grad(div: str, theta, ref_tok, R, beta) -> torch.Tensor:
-    """grad J_seq: J_seq = sum_y pi_theta(y) R(y) - beta D(pi_theta, pi_ref) over the 27 responses."""
+    """grad J_seq: J_seq = sum_y pi_theta(y) R(y) - beta D(pi_theta, pi_ref) over the 27
+    responses."""
     th = theta.detach().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(paper.objective_logp(div, token_logp(th).sum(1), ref_tok.sum(1), R, beta), th)
+    (g,) = torch.autograd.grad(
+        paper.objective_logp(div, token_logp(th).sum(1), ref_tok.sum(1), R, beta), th
+    )
     return g.reshape(-1)
 
 
@@ -101,41 +119,88 @@ def token_vs_sequence_table(seed: int = 0, losses=RPG_LOSSES + BASELINES) -> lis
                     g = loss_expected_grad(name, level, theta, old_tok, ref_tok, a_scale * R, beta)
                     zero = float(target.norm()) < 1e-13
                     err = float((g - target).norm()) if zero else rel_err(g, target)
-                    rows.append({"loss": name, "level": level, "setting": setting, "component": comp,
-                                 "rel_err": err, "cosine": None if zero else cosine(g, target),
-                                 "exact": err < 1e-10, "target_is_zero": zero})
+                    rows.append(
+                        {
+                            "loss": name,
+                            "level": level,
+                            "setting": setting,
+                            "component": comp,
+                            "rel_err": err,
+                            "cosine": None if zero else cosine(g, target),
+                            "exact": err < 1e-10,
+                            "target_is_zero": zero,
+                        }
+                    )
     return rows
 
 
-@claim("token-vs-sequence", "sec:offpolicy_policy_gradients",
-       "Applied per token (as verl and the paper's code do), which losses give the exact gradient of the "
-       "sequence-level objective? Exact: all rpg losses at level='sequence'; at token level only on-policy "
-       "with pi_ref = pi_old, plus the FKL/UFKL KL term whenever pi_ref = pi_old.")
+@claim(
+    "token-vs-sequence",
+    "sec:offpolicy_policy_gradients",
+    "Applied per token (as verl and the paper's code do), which losses give the exact gradient of "
+    "the "
+    "sequence-level objective? Exact: all rpg losses at level='sequence'; at token level only "
+    "on-policy "
+    "with pi_ref = pi_old, plus the FKL/UFKL KL term whenever pi_ref = pi_old.",
+)
 def check_token_vs_sequence(ck: Checker, fast: bool) -> None:
-    rows = token_vs_sequence_table(losses=RPG_LOSSES[:4] + BASELINES if fast else RPG_LOSSES + BASELINES)
+    rows = token_vs_sequence_table(
+        losses=RPG_LOSSES[:4] + BASELINES if fast else RPG_LOSSES + BASELINES
+    )
     for r in rows:
         if r["loss"] in BASELINES:
             continue
         pred = predicted_exact(r["loss"], r["level"], r["setting"], r["component"])
-        ck.fact(f"{r['loss']} {r['level']} [{r['setting']}] {r['component']}: exact={pred}", r["exact"] == pred,
-                f"rel err {r['rel_err']:.3g}", quiet=True)
+        ck.fact(
+            f"{r['loss']} {r['level']} [{r['setting']}] {r['component']}: exact={pred}",
+            r["exact"] == pred,
+            f"rel err {r['rel_err']:.3g}",
+            quiet=True,
+        )
     seq = [r for r in rows if r["level"] == "sequence" and r["loss"] in RPG_LOSSES]
-    ck.exact("level='sequence', every rpg loss, setting and component: E[grad] == -grad J_seq (rel)",
-             max(r["rel_err"] for r in seq), 0.0)
+    ck.exact(
+        "level='sequence', every rpg loss, setting and component: E[grad] == -grad J_seq (rel)",
+        max(r["rel_err"] for r in seq),
+        0.0,
+    )
     # Monte Carlo: responses y ~ pi_old, one batched loss call, vs the exact token-level expectation
     theta, old_tok, ref_tok, R = _setting("off-policy, ref!=old")
     n = mc_n(fast)
-    idx = torch.multinomial(old_tok.sum(1).exp(), n, replacement=True, generator=torch.Generator().manual_seed(61))
+    idx = torch.multinomial(
+        old_tok.sum(1).exp(), n, replacement=True, generator=torch.Generator().manual_seed(61)
+    )
     for name in ("rpg-urkl", "rpg-reinforce-fkl"):
         exact = loss_expected_grad(name, "token", theta, old_tok, ref_tok, R, 0.5)
         th = theta.detach().clone().requires_grad_(True)
         tok = token_logp(th)
-        dl = row_grads(get_loss(name), tok, old_tok, R, torch.ones_like(tok), beta=0.5, ref_logp=ref_tok,
-                       level="token", agg="seq-mean-token-sum")                 # [27, 3]
-        G = torch.stack([torch.autograd.grad((dl[y] * tok[y]).sum(), th, retain_graph=True)[0].reshape(-1)
-                         for y in range(len(SEQS))])                            # [27, 39] per-response grads
-        loss, _ = get_loss(name)(token_logp(th)[idx], old_tok[idx], R[idx], torch.ones(n, L, dtype=DTYPE),
-                                 beta=0.5, ref_logp=ref_tok[idx], level="token", agg="seq-mean-token-sum")
+        dl = row_grads(
+            get_loss(name),
+            tok,
+            old_tok,
+            R,
+            torch.ones_like(tok),
+            beta=0.5,
+            ref_logp=ref_tok,
+            level="token",
+            agg="seq-mean-token-sum",
+        )  # [27, 3]
+        G = torch.stack(
+            [
+                torch.autograd.grad((dl[y] * tok[y]).sum(), th, retain_graph=True)[0].reshape(-1)
+                # [27, 39] per-response grads
+                for y in range(len(SEQS))
+            ]
+        )
+        loss, _ = get_loss(name)(
+            token_logp(th)[idx],
+            old_tok[idx],
+            R[idx],
+            torch.ones(n, L, dtype=DTYPE),
+            beta=0.5,
+            ref_logp=ref_tok[idx],
+            level="token",
+            agg="seq-mean-token-sum",
+        )
         (g_batch,) = torch.autograd.grad(loss, th)
         ck.fact(f"{name}: batched gradient == mean of per-response gradients",
                 float((g_batch.reshape(-1) - G[idx].mean(0)).abs().max()) < 1e-12, quiet=True)
@@ -143,9 +208,15 @@ def check_token_vs_sequence(ck: Checker, fast: bool) -> None:
     ck.note("symbolic: n/a (the exact side enumerates all 27 responses in float64)")
     misses = [r for r in rows if r["level"] == "token" and not r["exact"]]
     worst = max(misses, key=lambda r: r["rel_err"])
-    ck.note(f"token level: {sum(r['exact'] for r in rows if r['level'] == 'token')} of "
-            f"{sum(r['level'] == 'token' for r in rows)} (loss, setting, component) cases exact; worst miss "
-            f"{worst['loss']} [{worst['setting']}] {worst['component']}: rel err {worst['rel_err']:.3g}")
+    ck.note(
+        f"token level: {sum(r['exact'] for r in rows if r['level'] == 'token')} of "
+        f"{sum(r['level'] == 'token' for r in rows)} (loss, setting, component) cases exact; "
+        "worst miss "
+        f"{worst['loss']} [{worst['setting']}] {worst['component']}: rel err {worst['rel_err']:.3g}"
+    )
     for r in rows:
         if r["loss"] in BASELINES and r["component"] == "kl":
-            ck.note(f"{r['loss']} {r['level']} [{r['setting']}] KL vs grad UKL(theta||ref): rel err {r['rel_err']:.3g}")
+            ck.note(
+                f"{r['loss']} {r['level']} [{r['setting']}] KL vs grad UKL(theta||ref): rel err "
+                f"{r['rel_err']:.3g}"
+            )

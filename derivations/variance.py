@@ -18,7 +18,8 @@ from ._core import ASSUMPTIONS, DTYPE, Checker, SymSoftmax, claim, expected_loss
 
 LOSS_NAMES = ("rpg-fkl", "rpg-ufkl", "rpg-rkl", "rpg-urkl",
               "rpg-reinforce-fkl", "rpg-reinforce-ufkl", "rpg-reinforce-rkl", "rpg-reinforce-urkl")
-POLICIES = (("on-policy", 0.0), ("near (dist 0.3)", 0.3), ("far (dist 1.0)", 1.0))   # theta = theta_old + dist * N(0, I)
+# theta = theta_old + dist * N(0, I)
+POLICIES = (("on-policy", 0.0), ("near (dist 0.3)", 0.3), ("far (dist 1.0)", 1.0))
 
 
 def _policy(K: int, seed: int, dist: float):
@@ -54,16 +55,22 @@ def variance_table(K: int = 6, seed: int = 0, beta: float = 0.5, policies=POLICI
     return rows
 
 
-@claim("normalized-vs-unnormalized", "app:normalized_kl",
-       "For normalized pi_theta, the normalized and unnormalized variants of each direction (FKL/UFKL, "
-       "RKL/URKL) have the same expected gradient; their estimators' variances differ (table).")
+@claim(
+    "normalized-vs-unnormalized",
+    "app:normalized_kl",
+    "For normalized pi_theta, the normalized and unnormalized variants of each direction "
+    "(FKL/UFKL, "
+    "RKL/URKL) have the same expected gradient; their estimators' variances differ (table).",
+)
 def check_app_normalized_kl(ck: Checker, fast: bool) -> None:
     S = SymSoftmax(3)
     for a, b in (("fkl", "ufkl"), ("rkl", "urkl")):
         diff = paper.objective_sym(a, S) - paper.objective_sym(b, S)
         for j in range(3):
             ck.symbolic(f"d/dtheta_{j + 1} (J_{a} - J_{b})", S.d(diff, j))
-    ck.note(f"symbolic: {ASSUMPTIONS} (any Z_old: the objectives differ by beta (Z_old - 1) constants)")
+    ck.note(
+        f"symbolic: {ASSUMPTIONS} (any Z_old: the objectives differ by beta (Z_old - 1) constants)"
+    )
 
     for pname, dist in POLICIES:
         th, old_logp, adv = _policy(6, 0, dist)
@@ -76,8 +83,10 @@ def check_app_normalized_kl(ck: Checker, fast: bool) -> None:
     rows = variance_table()
     by = {(r["policy"], r["loss"]): r["var_per_sample"] for r in rows}
     for pname, _ in POLICIES:
-        ck.note(f"{pname}: var per sample " + ", ".join(f"{n.replace('rpg-', '')} {by[(pname, n)]:.4g}"
-                                                           for n in LOSS_NAMES[:4]))
+        ck.note(
+            f"{pname}: var per sample "
+            + ", ".join(f"{n.replace('rpg-', '')} {by[(pname, n)]:.4g}" for n in LOSS_NAMES[:4])
+        )
         for n in LOSS_NAMES[:4]:      # the REINFORCE twin has identical per-sample gradients
             ck.exact(f"{pname}: var {n} == var of its REINFORCE twin", by[(pname, n)],
                      by[(pname, n.replace("rpg-", "rpg-reinforce-"))])
@@ -88,7 +97,9 @@ def check_app_normalized_kl(ck: Checker, fast: bool) -> None:
     # Monte Carlo: the sample mean of ||g(x) - E g||^2 estimates the exact total variance
     th, old_logp, adv = _policy(6, 0, 1.0)
     n = mc_n(fast)
-    idx = torch.multinomial(old_logp.exp(), n, replacement=True, generator=torch.Generator().manual_seed(31))
+    idx = torch.multinomial(
+        old_logp.exp(), n, replacement=True, generator=torch.Generator().manual_seed(31)
+    )
     for name in ("rpg-ufkl", "rpg-rkl"):
         g, var, G = per_sample_stats(name, th, old_logp, adv, 0.5)
         ck.mc(f"{name} total variance (far)", ((G[idx] - g) ** 2).sum(1, keepdim=True),

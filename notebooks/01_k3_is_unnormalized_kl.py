@@ -31,7 +31,8 @@
 # `remark:k3_connection_main` (proved in `app:k3_ukl_connection`) reads it as an *unnormalized* KL:
 # for positive measures $p, q$ of **any** total mass,
 #
-# $$\mathbb{E}_{x\sim q}\big[k_3(p(x)/q(x))\big] = \sum_x q\,\tfrac{p}{q} - \sum_x q - \sum_x q \log\tfrac{p}{q}
+# $$\mathbb{E}_{x\sim q}\big[k_3(p(x)/q(x))\big]
+# = \sum_x q\,\tfrac{p}{q} - \sum_x q - \sum_x q \log\tfrac{p}{q}
 # = \underbrace{\sum_x q \log\tfrac{q}{p} + \sum_x (p - q)}_{\mathrm{UKL}(q\,\|\,p)} .$$
 #
 # The mass-correction term $\sum(p-q)$ vanishes when both are normalized, so then $k_3$ is an
@@ -95,8 +96,10 @@ from paper_figs import kl_estimators
 d = kl_estimators.gaussian_data(mus=(0.1, 0.5, 1.0, 2.0), n=100_000)
 print(" mu    KL     " + "   ".join(f"{k}: bias/KL  std/KL" for k in ("k1", "k2", "k3")))
 for i, mu in enumerate(d["mu"]):
-    cells = "   ".join(f"   {d[k]['mean'][i] / d['kl'][i] - 1:+8.3f} {d[k]['std'][i] / d['kl'][i]:7.2f}"
-                       for k in ("k1", "k2", "k3"))
+    cells = "   ".join(
+        f"   {d[k]['mean'][i] / d['kl'][i] - 1:+8.3f} {d[k]['std'][i] / d['kl'][i]:7.2f}"
+        for k in ("k1", "k2", "k3")
+    )
     print(f"{mu:4.1f} {d['kl'][i]:6.3f}  {cells}")
 
 # %%
@@ -108,7 +111,8 @@ kl_estimators.plot_kl_estimators(kl_estimators.kl_estimators_data())
 # `derivations` checks `remark:k3_connection_main` for categoricals (both measures unnormalized)
 # and `app:k3_ukl_connection` for scaled Gaussians $a\,\mathcal N(\mu_1,\sigma_1^2)$,
 # $b\,\mathcal N(\mu_2,\sigma_2^2)$, whose UKL has the closed form
-# $a[\log\frac ab + \log\frac{\sigma_2}{\sigma_1} + \frac{\sigma_1^2 + (\mu_1-\mu_2)^2}{2\sigma_2^2} - \frac12] + b - a$:
+# $a[\log\frac ab + \log\frac{\sigma_2}{\sigma_1}
+# + \frac{\sigma_1^2 + (\mu_1-\mu_2)^2}{2\sigma_2^2} - \frac12] + b - a$:
 # symbolically (sympy), exactly (float64) and by Monte Carlo.
 
 # %%

@@ -24,24 +24,29 @@
 #
 # **Paper labels.** `subsec:grpo_main`, `eq:k3_func_estimators_main`, `remark:k3_connection_main`.
 #
-# GRPO (DeepSeekMath; the paper's `subsec:grpo_main`) samples tokens from $\pi_{old}$ and adds, per token,
+# GRPO (DeepSeekMath; the paper's `subsec:grpo_main`) samples tokens from $\pi_{old}$ and adds, per
+# token,
 #
 # $$\beta\,k_3\!\Big(\frac{\pi_{ref}(x)}{\pi_\theta(x)}\Big), \qquad k_3(y) = y - 1 - \log y ,$$
 #
-# with no importance weight. By notebook 1, $\mathbb{E}_{x\sim\pi_\theta}[k_3(\pi_{ref}/\pi_\theta)] =
-# \mathrm{UKL}(\pi_\theta\|\pi_{ref})$ — but the samples come from $\pi_{old}$, not $\pi_\theta$. The
-# expected gradient of the published term is
+# with no importance weight. By notebook 1,
+# $\mathbb{E}_{x\sim\pi_\theta}[k_3(\pi_{ref}/\pi_\theta)] = \mathrm{UKL}(\pi_\theta\|\pi_{ref})$ —
+# but the samples come from $\pi_{old}$, not $\pi_\theta$. The expected gradient of the published
+# term is
 #
-# $$g_{pub}(\theta) = \mathbb{E}_{x\sim\pi_{old}}\Big[\Big(1 - \frac{\pi_{ref}(x)}{\pi_\theta(x)}\Big)\nabla_\theta\log\pi_\theta(x)\Big],$$
+# $$g_{pub}(\theta) = \mathbb{E}_{x\sim\pi_{old}}\Big[
+# \Big(1 - \frac{\pi_{ref}(x)}{\pi_\theta(x)}\Big) \nabla_\theta\log\pi_\theta(x)\Big],$$
 #
-# which is **not** $\nabla_\theta\,\mathrm{UKL}(\pi_\theta\|\pi_{ref})$ once $\pi_\theta \neq \pi_{old}$. The
-# paper's correction multiplies by $w = \pi_\theta/\pi_{old}$ (differentiable):
-# $\mathbb{E}_{\pi_{old}}[w\,k_3(\pi_{ref}/\pi_\theta)] = \mathrm{UKL}(\pi_\theta\|\pi_{ref})$ as a *value*
-# for every $\theta$, so its gradient is exact for every $\theta$. In `rpg_ref` these are the losses
-# `grpo` and `grpo-corrected`.
+# which is **not** $\nabla_\theta\,\mathrm{UKL}(\pi_\theta\|\pi_{ref})$ once
+# $\pi_\theta \neq \pi_{old}$. The paper's correction multiplies by $w = \pi_\theta/\pi_{old}$
+# (differentiable):
+# $\mathbb{E}_{\pi_{old}}[w\,k_3(\pi_{ref}/\pi_\theta)] = \mathrm{UKL}(\pi_\theta\|\pi_{ref})$ as a
+# *value* for every $\theta$, so its gradient is exact for every $\theta$. In `rpg_ref` these are
+# the losses `grpo` and `grpo-corrected`.
 #
 # One more finding (derivations/ERRATA.md, E4): even at $\theta = \theta_{old}$ the published term's
-# gradient is $-\sum_x \pi_{ref}\nabla\log\pi_\theta = \nabla\mathrm{KL}(\pi_{ref}\|\pi_\theta)$, the
+# gradient is $-\sum_x \pi_{ref}\nabla\log\pi_\theta = \nabla\mathrm{KL}(\pi_{ref}\|\pi_\theta)$,
+# the
 # **forward** KL — not the reverse UKL — whenever $\pi_{ref}\neq\pi_{old}$. The importance weight
 # matters even where its value is 1, because its gradient is not 0.
 
@@ -84,8 +89,9 @@ for label, th in (("theta = theta_old", th_old), ("theta off-policy", th_off)):
     print(f"   corrected term vs grad UKL(theta||ref)   : rel. error {err_cor:.2e}")
 
 # %% [markdown]
-# At $\theta = \theta_{old}$ the published term matches $\nabla\mathrm{KL}(\pi_{ref}\|\pi_\theta)$ to
-# round-off; off-policy it matches none of the candidates. The corrected term is exact in both places.
+# At $\theta = \theta_{old}$ the published term matches $\nabla\mathrm{KL}(\pi_{ref}\|\pi_\theta)$
+# to round-off; off-policy it matches none of the candidates. The corrected term is exact in both
+# places.
 #
 # ## How fast does the error grow? (a figure the paper lacks)
 #
@@ -108,14 +114,14 @@ for label, s in data["settings"].items():
 grpo_kl_error.plot_grpo_kl_error(data)
 
 # %% [markdown]
-# With $\pi_{ref} = \pi_{old}$ the relative error is small near $\theta_{old}$ and grows roughly like
-# $\sqrt{\mathrm{KL}(\pi_\theta\|\pi_{old})}$; with a fixed reference it is large (~0.27 here) from the
-# first step, because of the forward/reverse mix-up above.
+# With $\pi_{ref} = \pi_{old}$ the relative error is small near $\theta_{old}$ and grows roughly
+# like $\sqrt{\mathrm{KL}(\pi_\theta\|\pi_{old})}$; with a fixed reference it is large (~0.27 here)
+# from the first step, because of the forward/reverse mix-up above.
 #
 # ## Monte Carlo: the autograd gradient of the actual loss on sampled tokens
 #
-# The exact statements are about expectations. A batch of $N$ samples from $\pi_{old}$, pushed through
-# the library losses once, shows the same thing in the way a trainer sees it.
+# The exact statements are about expectations. A batch of $N$ samples from $\pi_{old}$, pushed
+# through the library losses once, shows the same thing in the way a trainer sees it.
 
 # %%
 from rpg_ref.losses import get_loss
@@ -135,8 +141,8 @@ for name in ("grpo", "grpo-corrected"):
           f"  (N={N})")
 
 # %% [markdown]
-# The corrected term's Monte-Carlo error is sampling noise ($O(N^{-1/2})$); the published term's is bias.
-# The same claims, checked three ways in `derivations`:
+# The corrected term's Monte-Carlo error is sampling noise ($O(N^{-1/2})$); the published term's is
+# bias. The same claims, checked three ways in `derivations`:
 
 # %%
 from derivations import run_all
@@ -155,5 +161,5 @@ assert all(r["passed"] for r in rows)
 # setting ($\pi_{ref} = \pi_{old}$) the error starts near zero and grows with
 # $\mathrm{KL}(\pi_\theta\|\pi_{old})$, in GRPO's fixed-reference setting it is large from the first
 # step, and the corrected term $w\,k_3$ (dashed) stays at float64 round-off everywhere. The Monte
-# Carlo cell shows that a trainer sees the same: noise for the corrected term, bias for the published
-# one.
+# Carlo cell shows that a trainer sees the same: noise for the corrected term, bias for the
+# published one.

@@ -31,7 +31,8 @@
 # $\pi_{old}$ and $w = \pi_\theta/\pi_{old}$:
 #
 # $$J(\theta) = \mathbb{E}_{\pi_\theta}[R] - \beta\, D(\pi_\theta, \pi_{old}),$$
-# $$D \in \{\mathrm{KL}(\pi_{old}\|\pi_\theta),\ \mathrm{KL}(\pi_\theta\|\pi_{old}),\ \mathrm{UKL}(\pi_{old}\|\pi_\theta),\ \mathrm{UKL}(\pi_\theta\|\pi_{old})\}$$
+# $$D \in \{\mathrm{KL}(\pi_{old}\|\pi_\theta),\ \mathrm{KL}(\pi_\theta\|\pi_{old}),
+# \ \mathrm{UKL}(\pi_{old}\|\pi_\theta),\ \mathrm{UKL}(\pi_\theta\|\pi_{old})\}$$
 #
 # (FKL, RKL, UFKL, URKL). For each it gives a **fully differentiable** surrogate
 # (`tab:off-policy-loss-normalized`, `tab:off-policy-loss`), e.g. RKL:
@@ -83,9 +84,9 @@ for name in NAMES:
 #
 # ## Stronger than in expectation: per-sample identity
 #
-# Differentiating $w A - \beta d(x)$ gives $w\,(A - \beta h)\nabla\log\pi_\theta$, and the REINFORCE loss
-# $-\mathrm{SG}(w(A-\beta h))\log\pi_\theta$ gives exactly the same vector for **each sample**. So the
-# two families differ only once clipping enters (notebook 4).
+# Differentiating $w A - \beta d(x)$ gives $w\,(A - \beta h)\nabla\log\pi_\theta$, and the REINFORCE
+# loss $-\mathrm{SG}(w(A-\beta h))\log\pi_\theta$ gives exactly the same vector for **each sample**.
+# So the two families differ only once clipping enters (notebook 4).
 
 # %%
 from rpg_ref.losses import get_loss
@@ -107,9 +108,10 @@ for div in DIVERGENCES:
 # ## Same mean, different variance (`app:normalized_kl`; a figure the paper lacks)
 #
 # For a normalized $\pi_\theta$, FKL and UFKL (RKL and URKL) differ by constants, so their expected
-# gradients agree; per sample they differ by $\beta\,w\,\nabla\log\pi_\theta$, which has mean zero but not
-# variance zero. `derivations.variance.variance_table` gives the exact per-sample gradient variance
-# by enumeration; `paper_figs.grad_variance` estimates it by Monte Carlo through the losses.
+# gradients agree; per sample they differ by $\beta\,w\,\nabla\log\pi_\theta$, which has mean zero
+# but not variance zero. `derivations.variance.variance_table` gives the exact per-sample gradient
+# variance by enumeration; `paper_figs.grad_variance` estimates it by Monte Carlo through the
+# losses.
 
 # %%
 from derivations.variance import variance_table
@@ -128,9 +130,9 @@ data = grad_variance.grad_variance_data(n=4_000 if CI else 20_000)
 grad_variance.plot_grad_variance(data)
 
 # %% [markdown]
-# Near $\theta_{old}$ the unnormalized variants have the lower variance (the extra $\beta(w-1)$ acts as a
-# control variate); far from $\theta_{old}$ the ordering can flip. With the paper's $\beta = 10^{-4}$ the
-# difference is negligible. The claims, checked three ways:
+# Near $\theta_{old}$ the unnormalized variants have the lower variance (the extra $\beta(w-1)$ acts
+# as a control variate); far from $\theta_{old}$ the ordering can flip. With the paper's
+# $\beta = 10^{-4}$ the difference is negligible. The claims, checked three ways:
 
 # %%
 from derivations import run_all
@@ -142,9 +144,9 @@ print(format_table(rows, timings=False))
 assert all(r["passed"] for r in rows)
 
 # %% [markdown]
-# The last row is a caveat of practice, not of the paper's math: the paper's $x$ is a whole response,
-# while verl (and `rpg_ref`'s default `level="token"`) applies the losses per token. `derivations`
-# documents which token-level losses still give the sequence-level gradient.
+# The last row is a caveat of practice, not of the paper's math: the paper's $x$ is a whole
+# response, while verl (and `rpg_ref`'s default `level="token"`) applies the losses per token.
+# `derivations` documents which token-level losses still give the sequence-level gradient.
 
 # %% [markdown]
 # ## What we learned
@@ -156,4 +158,5 @@ assert all(r["passed"] for r in rows)
 # not the mean but the noise: the variance figure above shows the unnormalized variants with the
 # lower per-sample gradient variance near $\theta_{old}$, an ordering that flips farther away for
 # FKL vs UFKL (left panel) but not here for RKL vs URKL (right). The two differ by the term
-# $\beta\,w\,\nabla\log\pi_\theta$, so at the paper's $\beta = 10^{-4}$ the difference is negligible.
+# $\beta\,w\,\nabla\log\pi_\theta$, so at the paper's $\beta = 10^{-4}$ the difference is
+# negligible.

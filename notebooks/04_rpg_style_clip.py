@@ -28,9 +28,9 @@
 # Two clipped families (`sec:more_on_algorithms`):
 #
 # * **Algorithm `alg:offpolicy_rpg_ppo_dualclip`** (fully differentiable): a regularized advantage
-#   $\hat A$ inside the dual clip, $\max(-w\hat A, -\mathrm{clip}(w, 1-\epsilon_1, 1+\epsilon_2)\hat A)$
-#   for $\hat A\ge 0$ and additionally $\min(\cdot, -c\hat A)$ for $\hat A < 0$
-#   (`fig:ppo_dualclip_loss_vis`).
+#   $\hat A$ inside the dual clip,
+#   $\max(-w\hat A, -\mathrm{clip}(w, 1-\epsilon_1, 1+\epsilon_2)\hat A)$ for $\hat A\ge 0$ and
+#   additionally $\min(\cdot, -c\hat A)$ for $\hat A < 0$ (`fig:ppo_dualclip_loss_vis`).
 # * **Algorithm `alg:offpolicy_rpg_rf_ppo_dualclip_v1`** (RPG-Style Clip, REINFORCE-style): with
 #   $\ell = -\log\pi_\theta$, $A' = A_R + C_{KL}/w$ and $\psi = A'\ell$, the loss is
 #   $(A_R w + C_{KL})\,\ell$ with $w$ under a stop-gradient; on the clipped segments $\ell$ is
@@ -68,9 +68,10 @@ clip_shapes.plot_dualclip_loss(d)
 # "right"; we follow the drawing and the algorithm. The paper draws $c = 2.25$; the algorithms only
 # need $c > 1$, and we use verl's default $c = 3$.)
 #
-# **But $\hat A$ depends on $\theta$.** For Algorithm 1 with $\beta > 0$, $\hat A = A - \beta\log w$ (RKL
-# in `rpg_ref`), and the clipped value $-\mathrm{clip}(w)\hat A$ still has gradient $\beta\,\mathrm{clip}(w)$
-# through $\hat A$ — the caption's "though it might flow via $\hat A$". Computed:
+# **But $\hat A$ depends on $\theta$.** For Algorithm 1 with $\beta > 0$,
+# $\hat A = A - \beta\log w$ (RKL in `rpg_ref`), and the clipped value $-\mathrm{clip}(w)\hat A$
+# still has gradient $\beta\,\mathrm{clip}(w)$ through $\hat A$ — the caption's "though it might
+# flow via $\hat A$". Computed:
 
 # %%
 d = clip_shapes.dualclip_loss_data(beta=0.5)
@@ -81,9 +82,10 @@ clip_shapes.plot_dualclip_loss(d)
 # %% [markdown]
 # ## RPG-Style Clip (Algorithm 2) in the paper's plotted setting
 #
-# The figure uses $A_R = \pm1$, $C_{KL} = \pm 0.1$, $\ell = 1$. In `rpg_ref`, $C_{KL} = -\beta w\,h(\rho)$ with
-# $\rho = \pi_\theta/\pi_{ref}$ — for URKL $h = \log\rho$ — so choosing, per grid point, a reference with
-# $\log\rho = -C_{KL}/(\beta w)$ reproduces the figure's constant $C_{KL}$ exactly with `rpg-reinforce-urkl`.
+# The figure uses $A_R = \pm1$, $C_{KL} = \pm 0.1$, $\ell = 1$. In `rpg_ref`,
+# $C_{KL} = -\beta w\,h(\rho)$ with $\rho = \pi_\theta/\pi_{ref}$ — for URKL $h = \log\rho$ — so
+# choosing, per grid point, a reference with $\log\rho = -C_{KL}/(\beta w)$ reproduces the figure's
+# constant $C_{KL}$ exactly with `rpg-reinforce-urkl`.
 
 # %%
 d = clip_shapes.rpg_style_clip_data()
@@ -92,9 +94,9 @@ for p in d["panels"]:
 clip_shapes.plot_rpg_style_clip(d)
 
 # %% [markdown]
-# In the paper's *training* setting $\pi_{ref} = \pi_{old}$, $C_{KL}$ moves with $w$ (it is constant only for
-# FKL, where it equals $+\beta$). The clipped segments then have zero gradient but a sloping value:
-# the value depends on $\theta$ only through stop-gradient quantities
+# In the paper's *training* setting $\pi_{ref} = \pi_{old}$, $C_{KL}$ moves with $w$ (it is constant
+# only for FKL, where it equals $+\beta$). The clipped segments then have zero gradient but a
+# sloping value: the value depends on $\theta$ only through stop-gradient quantities
 # (derivations/ERRATA.md, E9).
 
 # %%
@@ -105,9 +107,10 @@ clip_shapes.plot_rpg_style_clip_natural(d)
 # ## The paper's descriptions of RPG-Style Clip are not one update
 #
 # `derivations.clipping.clip_descriptions_table` lists the per-sample gradient coefficient
-# ($\nabla = \mathrm{coef}\cdot\nabla\log\pi_\theta$) of each description in the paper next to `rpg_ref`'s losses
-# (URKL, $\beta = 0.1$, clip $(0.2, 0.28, 3)$). They agree where nothing is clipped up to the $\beta w$
-# offset of the differentiable $\hat A$ (ERRATA E1) and disagree on clipped segments (ERRATA E2, E3).
+# ($\nabla = \mathrm{coef}\cdot\nabla\log\pi_\theta$) of each description in the paper next to
+# `rpg_ref`'s losses (URKL, $\beta = 0.1$, clip $(0.2, 0.28, 3)$). They agree where nothing is
+# clipped up to the $\beta w$ offset of the differentiable $\hat A$ (ERRATA E1) and disagree on
+# clipped segments (ERRATA E2, E3).
 
 # %%
 from IPython.display import Markdown, display
@@ -126,10 +129,10 @@ display(Markdown("\n".join(table)))
 # ## What clipping costs: exact at $\theta_{old}$, biased beyond
 #
 # At $\theta = \theta_{old}$ every $w = 1$ and nothing is clipped, so the clipped losses still have
-# expected gradient $-\nabla J$. As the policy moves away from $\theta_{old}$ (here along the advantage,
-# as training moves it), clipping removes samples from the gradient — the trust-region trade-off. The
-# two families clip different samples: Algorithm 1's $\hat A$ and Algorithm 2's $A'$ are different
-# functions of $w$ when $\beta > 0$.
+# expected gradient $-\nabla J$. As the policy moves away from $\theta_{old}$ (here along the
+# advantage, as training moves it), clipping removes samples from the gradient — the trust-region
+# trade-off. The two families clip different samples: Algorithm 1's $\hat A$ and Algorithm 2's $A'$
+# are different functions of $w$ when $\beta > 0$.
 
 # %%
 from rpg_ref import exact

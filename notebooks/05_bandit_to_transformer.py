@@ -28,7 +28,7 @@
 # Algorithm `alg:offpolicy_rpg_rf_ppo_dualclip_v1`):
 #
 #     for step: sample a batch with pi_old (= the current policy), score it, compute advantages,
-#               then a few optimizer steps on LOSSES[algo](log pi_theta, old_logp, A, mask, beta, clip)
+#     then a few optimizer steps on LOSSES[algo](log pi_theta, old_logp, A, mask, beta, clip)
 #
 # With the *iterative reference* (the paper's choice, `--ref iterative`) $\pi_{ref} = \pi_{old}$ is
 # reset every step, so the KL only limits each step. With a *fixed reference* (`--ref init`) the
@@ -83,7 +83,9 @@ fig, ax = plt.subplots(figsize=(6, 3))
 for algo, s in results.items():
     rows = [r for r in training.read_jsonl(RUN_DIR / algo / "metrics.jsonl")
             if "eval_expected_reward" in r]
-    line, = ax.plot([r["step"] for r in rows], [r["eval_expected_reward"] for r in rows], label=algo)
+    (line,) = ax.plot(
+        [r["step"] for r in rows], [r["eval_expected_reward"] for r in rows], label=algo
+    )
     reward_at_optimum = float(np.dot(s["optimum"], s["rewards"]))
     ax.axhline(reward_at_optimum, ls=":", lw=0.8, color=line.get_color())
 ax.set_xlabel("step")

@@ -52,7 +52,9 @@ def kernel_env(ci: bool = False):
             "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "rpg-ref notebooks", "language": "python"}))
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [tmp, saved.get("JUPYTER_PATH")]))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved.get("PYTHONPATH")]))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT), saved.get("PYTHONPATH")])
+        )
         os.environ["MPLBACKEND"] = "Agg"
         if ci:
             os.environ["RPG_NOTEBOOK_CI"] = "1"
@@ -114,9 +116,13 @@ def problems(py: Path) -> list[str]:
     stored = nbformat.read(ipynb, as_version=4)
     source = read_source(py)
     out = []
-    if [(c.cell_type, c.source) for c in stored.cells] != [(c.cell_type, c.source) for c in source.cells]:
+    if [(c.cell_type, c.source) for c in stored.cells] != [
+        (c.cell_type, c.source) for c in source.cells
+    ]:
         out.append(f"{ipynb.name}: cells differ from {py.name}")
-    elif without_version(py.read_text()) != without_version(jupytext.writes(stored, fmt="py:percent")):
+    elif without_version(py.read_text()) != without_version(
+        jupytext.writes(stored, fmt="py:percent")
+    ):
         # JupyterLab's jupytext refuses to open a pair whose .py is older than its .ipynb and is
         # not the text jupytext would write for it
         out.append(f"{py.name}: not the text jupytext writes for {ipynb.name}")
@@ -149,9 +155,14 @@ def build(py: Path) -> nbformat.NotebookNode:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", help="notebooks to build (default: all), e.g. 01_k3_is_unnormalized_kl")
-    ap.add_argument("--check", action="store_true",
-                    help="execute nothing; exit 1 if an .ipynb differs from its .py or lacks outputs")
+    ap.add_argument(
+        "names", nargs="*", help="notebooks to build (default: all), e.g. 01_k3_is_unnormalized_kl"
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="execute nothing; exit 1 if an .ipynb differs from its .py or lacks outputs",
+    )
     a = ap.parse_args(argv)
     by_name = {p.stem: p for p in SOURCES}
     unknown = [n for n in a.names if n.removesuffix(".py").removesuffix(".ipynb") not in by_name]

@@ -23,7 +23,9 @@ def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(prog="rpg-figs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", metavar="NAME", help="render only these figures")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default paper_figs/out/)")
+    p.add_argument(
+        "--out", default=str(DEFAULT_OUT), help="output folder (default paper_figs/out/)"
+    )
     p.add_argument("--logs", default=str(DEFAULT_LOGS), help="small_scale logs folder")
     p.add_argument("--list", action="store_true", help="list the figures and exit")
     p.add_argument("--skip-missing-logs", action="store_true",
@@ -31,12 +33,16 @@ def main(argv: list | None = None) -> int:
     a = p.parse_args(argv)
     if a.list:
         for f in FIGURES.values():
-            print(f"{f.name:45s} {f.paper_label}" + (f"  [logs: {f.experiment}]" if f.experiment else ""))
+            print(
+                f"{f.name:45s} {f.paper_label}"
+                + (f"  [logs: {f.experiment}]" if f.experiment else "")
+            )
         return 0
     logs = Path(a.logs)
     user_runs = sorted(m.parent for pattern in ("metrics.jsonl", "*/metrics.jsonl")
                        for m in logs.glob(pattern))
-    if user_runs and not any(logs.glob("*/experiment.json")):  # rpg-train runs, not small_scale logs
+    # rpg-train runs, not small_scale logs
+    if user_runs and not any(logs.glob("*/experiment.json")):
         runs = " ".join(str(r) for r in user_runs[:4]) + (" ..." if len(user_runs) > 4 else "")
         print(f"rpg-figs: {logs} holds rpg-train runs, not small_scale/run_experiments.py logs; "
               f"draw and compare them with: rpg-plot {runs} --out runs.png", file=sys.stderr)

@@ -11,9 +11,11 @@ fig:ppo_dualclip_loss_vis (Algorithm alg:offpolicy_rpg_ppo_dualclip, fully diffe
         A_hat >= 0:  L = max(-w A, -clip(w) A)          flat (no gradient) for w > 1 + eps_high
         A_hat <  0:  L = min(max(...), -c A)            flat for w < 1 - eps_low and w > c
     With beta > 0, A_hat = A - beta g(rho) depends on theta and the clipped segments keep a
-    gradient through A_hat (the caption's "potentially via A_hat"): ``dualclip_loss_data(beta=...)``.
+    gradient through A_hat (the caption's "potentially via A_hat"):
+    ``dualclip_loss_data(beta=...)``.
 
-fig:offpolicy_rpg_rf_ppo_dualclip_v1 (Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v1, RPG-Style Clip):
+fig:offpolicy_rpg_rf_ppo_dualclip_v1 (Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v1, RPG-Style
+Clip):
     L = (A_R w + C_KL) ell, branching on psi = A' ell, A' = A_R + C_KL / w:
         psi >= 0:  gradient for w < 1 + eps_high; flat value (A_R (1+eps_high) + C_KL) ell beyond
         psi <  0:  flat (A_R (1-eps_low) + C_KL) ell for w <= 1 - eps_low; gradient for
@@ -108,8 +110,16 @@ def rpg_style_clip_natural_data(beta: float = 0.1, eps=EPS, c: float = DEFAULT_C
     rpg-reinforce divergences: panels[A][div] = {loss, grad, has_grad}."""
     w = w_grid(c) if w is None else np.asarray(w, dtype=float)
     clip = (eps[0], eps[1], c)
-    panels = [{"A": A, "curves": {d: _panel(get_loss(f"rpg-reinforce-{d}"), w, A, beta=beta, clip=clip)
-                                  for d in ("fkl", "ufkl", "rkl", "urkl")}} for A in advantages]
+    panels = [
+        {
+            "A": A,
+            "curves": {
+                d: _panel(get_loss(f"rpg-reinforce-{d}"), w, A, beta=beta, clip=clip)
+                for d in ("fkl", "ufkl", "rkl", "urkl")
+            },
+        }
+        for A in advantages
+    ]
     return {"w": w, "eps": tuple(eps), "c": c, "beta": beta, "ell": ELL, "panels": panels}
 
 
@@ -132,8 +142,10 @@ def plot_dualclip_loss(data: dict, out_dir=None, name: str = "ppo_dualclip_loss_
         draw_masked(ax, data["w"], p["loss"], p["has_grad"])
         _bounds(ax, data["eps"], data["c"])
         case = r"\geq 0" if p["A"] >= 0 else "< 0"
-        ax.set_title(f"${sym} {case}$ (${sym} = {p['A']:g}$), {data['loss']}, $\\beta={data['beta']:g}$",
-                     fontsize=9)
+        ax.set_title(
+            f"${sym} {case}$ (${sym} = {p['A']:g}$), {data['loss']}, $\\beta={data['beta']:g}$",
+            fontsize=9,
+        )
         ax.set_xlabel(r"$w(x) = \pi_\theta(x)/\pi_{old}(x)$")
         ax.legend(fontsize=8, loc="best")
     axes[0].set_ylabel(r"loss term $\mathcal{L}^{DualClip}(x,\theta)$")
@@ -146,7 +158,9 @@ def plot_rpg_style_clip(data: dict, out_dir=None, name: str = "offpolicy_rpg_rf_
     for ax, p in zip(axes, data["panels"]):
         draw_masked(ax, data["w"], p["loss"], p["has_grad"], label_grad=r"gradient via $\ell$")
         _bounds(ax, data["eps"], data["c"])
-        case = r"\psi \geq 0" if p["A"] * data["ell"] + p["C_KL"] * data["ell"] >= 0 else r"\psi < 0"
+        case = (
+            r"\psi \geq 0" if p["A"] * data["ell"] + p["C_KL"] * data["ell"] >= 0 else r"\psi < 0"
+        )
         ax.set_title(f"${case}$: $A_R={p['A']:g}$, $C_{{KL}}={p['C_KL']:g}$, $\\ell=1$", fontsize=9)
         ax.set_xlabel(r"$w_i = \pi_\theta(x_i)/\pi_{old}(x_i)$")
         ax.legend(fontsize=8, loc="best")
@@ -155,7 +169,9 @@ def plot_rpg_style_clip(data: dict, out_dir=None, name: str = "offpolicy_rpg_rf_
     return save(fig, out_dir, name)
 
 
-def plot_rpg_style_clip_natural(data: dict, out_dir=None, name: str = "rpg_style_clip_pi_ref_eq_pi_old"):
+def plot_rpg_style_clip_natural(
+    data: dict, out_dir=None, name: str = "rpg_style_clip_pi_ref_eq_pi_old"
+):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     colors = {"fkl": "tab:blue", "ufkl": "tab:orange", "rkl": "tab:green", "urkl": "tab:red"}
     for ax, p in zip(axes, data["panels"]):
@@ -166,8 +182,10 @@ def plot_rpg_style_clip_natural(data: dict, out_dir=None, name: str = "rpg_style
         ax.plot([], [], color="k", label="gradient $\\neq 0$")
         ax.plot([], [], color="k", linestyle=(0, (1, 1.2)), label="gradient $= 0$")
         _bounds(ax, data["eps"], data["c"])
-        ax.set_title(f"$A_R={p['A']:g}$, $\\beta={data['beta']:g}$, $\\pi_{{ref}}=\\pi_{{old}}$, $\\ell=1$",
-                     fontsize=9)
+        ax.set_title(
+            f"$A_R={p['A']:g}$, $\\beta={data['beta']:g}$, $\\pi_{{ref}}=\\pi_{{old}}$, $\\ell=1$",
+            fontsize=9,
+        )
         ax.set_xlabel(r"$w_i$")
         ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel(r"loss $\mathcal{L}_i$")

@@ -51,7 +51,8 @@ def per_sample_grads(name: str, theta, old_logp, adv, x, beta: float):
 
 def grad_variance_data(scales=SCALES, beta: float = 0.5, n: int = 20_000, K: int = 6, seed: int = 0,
                        losses=LOSS_NAMES) -> dict:
-    """Per scale s: KL(pi_theta || pi_old) and, per loss, the MC mean gradient, total variance of one
+    """Per scale s: KL(pi_theta || pi_old) and, per loss, the MC mean gradient, total variance of
+    one
     sample's gradient and the standard error of that variance estimate (n samples, fixed seed)."""
     out = {"scale": np.asarray(scales, float), "beta": beta, "n": n, "K": K, "kl": [],
            **{name: {"var": [], "var_se": [], "mean_grad": []} for name in losses}}
@@ -73,7 +74,9 @@ def grad_variance_data(scales=SCALES, beta: float = 0.5, n: int = 20_000, K: int
     return out
 
 
-def plot_grad_variance(data: dict, out_dir=None, name: str = "grad_variance_normalized_vs_unnormalized"):
+def plot_grad_variance(
+    data: dict, out_dir=None, name: str = "grad_variance_normalized_vs_unnormalized"
+):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     x = data["scale"]
     for ax, pair in zip(axes, (("rpg-fkl", "rpg-ufkl"), ("rpg-rkl", "rpg-urkl"))):

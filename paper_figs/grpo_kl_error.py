@@ -35,7 +35,9 @@ def _error_curve_exact(distances, K=6, seed=0, ref_dist=0.8) -> list[dict]:
     th_old = torch.randn(K, generator=g, dtype=DTYPE)
     d = torch.randn(K, generator=g, dtype=DTYPE)
     d = (d - d.mean()) / (d - d.mean()).norm()
-    ref = th_old + (0.0 if ref_dist is None else ref_dist) * torch.randn(K, generator=g, dtype=DTYPE)
+    ref = th_old + (0.0 if ref_dist is None else ref_dist) * torch.randn(
+        K, generator=g, dtype=DTYPE
+    )
     old_logp, ref_logp = torch.log_softmax(th_old, -1), torch.log_softmax(ref, -1)
     zero = torch.zeros(K, dtype=DTYPE)
     rows = []
@@ -46,10 +48,17 @@ def _error_curve_exact(distances, K=6, seed=0, ref_dist=0.8) -> list[dict]:
         g_true = exact.objective_grad("urkl", th, zero, -1.0, ref_logp)   # J = 0 + D: grad D
         lp = torch.log_softmax(th, -1)
         deg = float(g_true.norm()) < 1e-14
-        rows.append({"distance": float(t), "kl_theta_old": float((lp.exp() * (lp - old_logp)).sum()),
-                     "rel_err": None if deg else float((g_pub - g_true).norm() / g_true.norm()),
-                     "corrected_rel_err": None if deg else float((g_cor - g_true).norm() / g_true.norm()),
-                     "cosine": None if deg else float(g_pub @ g_true / (g_pub.norm() * g_true.norm()))})
+        rows.append(
+            {
+                "distance": float(t),
+                "kl_theta_old": float((lp.exp() * (lp - old_logp)).sum()),
+                "rel_err": None if deg else float((g_pub - g_true).norm() / g_true.norm()),
+                "corrected_rel_err": None
+                if deg
+                else float((g_cor - g_true).norm() / g_true.norm()),
+                "cosine": None if deg else float(g_pub @ g_true / (g_pub.norm() * g_true.norm())),
+            }
+        )
     return rows
 
 
@@ -87,8 +96,11 @@ def plot_grpo_kl_error(data: dict, out_dir=None, name: str = "grpo_kl_gradient_e
                      label=f"$w\\,k_3$ (corrected): {label}")
         axes[1].plot(x, s["cosine"][ok], color=c, marker="o", ms=3, label=label)
     axes[0].set_yscale("log")
-    axes[0].set_ylabel(r"$\|E[\nabla\,\mathrm{term}] - \nabla\,\mathrm{UKL}(\pi_\theta\|\pi_{ref})\|"
-                       r" / \|\nabla\,\mathrm{UKL}\|$", fontsize=8)
+    axes[0].set_ylabel(
+        r"$\|E[\nabla\,\mathrm{term}] - \nabla\,\mathrm{UKL}(\pi_\theta\|\pi_{ref})\|"
+        r" / \|\nabla\,\mathrm{UKL}\|$",
+        fontsize=8,
+    )
     axes[1].set_ylabel("cosine(GRPO term's gradient, true gradient)", fontsize=8)
     for ax in axes:
         ax.set_xscale("log")

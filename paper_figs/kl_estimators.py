@@ -24,7 +24,9 @@ ESTIMATORS = {"k1": K.k1, "k2": K.k2, "k3": K.k3}
 COLORS = {"k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green"}
 
 
-def gaussian_data(mus=(0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0), n: int = 200_000, seed: int = 0) -> dict:
+def gaussian_data(
+    mus=(0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0), n: int = 200_000, seed: int = 0
+) -> dict:
     """Per mu: true KL and, for each estimator, the Monte Carlo mean, std and standard error of
     the mean over n samples x ~ N(0, 1) (the same samples for every mu and estimator)."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)   # [n] ~ q
@@ -49,15 +51,23 @@ def categorical_data(ts=None, K_: int = 10, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     th_old = torch.randn(K_, generator=g, dtype=DTYPE)
     d = torch.randn(K_, generator=g, dtype=DTYPE)
-    d = (d - d.mean()) / (d - d.mean()).norm()                 # unit direction off the softmax null space
+    # unit direction off the softmax null space
+    d = (d - d.mean()) / (d - d.mean()).norm()
     lq = torch.log_softmax(th_old, -1)                         # [K] log q
     q = lq.exp()
-    out = {"t": ts, "K": K_, "seed": seed, "kl": [], **{name: {"mean": [], "std": []} for name in ESTIMATORS}}
+    out = {
+        "t": ts,
+        "K": K_,
+        "seed": seed,
+        "kl": [],
+        **{name: {"mean": [], "std": []} for name in ESTIMATORS},
+    }
     for t in ts:
         lp = torch.log_softmax(th_old + float(t) * d, -1)       # [K] log p
         out["kl"].append(float(K.kl(lq, lp)))
         for name, f in ESTIMATORS.items():
-            v = f(lp - lq)                                     # [K] value of the estimator at each outcome
+            # [K] value of the estimator at each outcome
+            v = f(lp - lq)
             m = (q * v).sum()
             out[name]["mean"].append(float(m))
             out[name]["std"].append(float((q * (v - m) ** 2).sum().sqrt()))
@@ -75,8 +85,16 @@ def plot_kl_estimators(data: dict, out_dir=None, name: str = "kl_estimators_bias
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     gd, cd = data["gaussian"], data["categorical"]
     for name_, c in COLORS.items():
-        axes[0].errorbar(gd["kl"], gd[name_]["mean"] / gd["kl"] - 1, yerr=gd[name_]["sem"] / gd["kl"],
-                         color=c, marker="o", ms=3, label=name_, capsize=2)
+        axes[0].errorbar(
+            gd["kl"],
+            gd[name_]["mean"] / gd["kl"] - 1,
+            yerr=gd[name_]["sem"] / gd["kl"],
+            color=c,
+            marker="o",
+            ms=3,
+            label=name_,
+            capsize=2,
+        )
         axes[1].plot(gd["kl"], gd[name_]["std"] / gd["kl"], color=c, marker="o", ms=3, label=name_)
         axes[2].plot(cd["kl"], cd[name_]["mean"] / cd["kl"] - 1, color=c, label=name_)
         axes[3].plot(cd["kl"], cd[name_]["std"] / cd["kl"], color=c, label=name_)

@@ -16,10 +16,19 @@ from derivations import paper_tables as pt
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m paper_figs.paper_results", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--tex", help=f"rpg_paper.tex (default ${pt.PAPER_ENV}, else {pt.DEFAULT_TEX.name} "
-                                  "in ../shared/paper/ next to the repository)")
-    ap.add_argument("--out", default=str(pt.RESULTS_JSON), help="output JSON (default paper_figs/paper_results.json)")
+    ap = argparse.ArgumentParser(
+        prog="python -m paper_figs.paper_results", description=__doc__.split("\n\n")[1]
+    )
+    ap.add_argument(
+        "--tex",
+        help=f"rpg_paper.tex (default ${pt.PAPER_ENV}, else {pt.DEFAULT_TEX.name} "
+        "in ../shared/paper/ next to the repository)",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(pt.RESULTS_JSON),
+        help="output JSON (default paper_figs/paper_results.json)",
+    )
     ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
     a = ap.parse_args(argv)
     try:
@@ -32,10 +41,16 @@ def main(argv: list | None = None) -> int:
     out = Path(a.out)
     if a.check:
         if not out.is_file():
-            print(f"paper_results: {out} does not exist; run without --check to write it", file=sys.stderr)
+            print(
+                f"paper_results: {out} does not exist; run without --check to write it",
+                file=sys.stderr,
+            )
             return 1
         if out.read_text(encoding="utf-8") != text:
-            print(f"paper_results: {out} is stale (the paper or the parser changed); run without --check")
+            print(
+                f"paper_results: {out} is stale (the paper or the parser changed); run without "
+                "--check"
+            )
             return 1
         print(f"{out}: up to date")
         return 0

@@ -48,8 +48,11 @@ def method_order(methods) -> list:
         fam = pt.family(m)
         rank = {"baseline": 0, "rpg": 1, "rpg-reinforce": 2}[fam]
         sub = m.rsplit("-", 1)[-1].upper()
-        idx = (_BASELINE_ORDER.index(m) if m in _BASELINE_ORDER else len(_BASELINE_ORDER)) if fam == "baseline" \
+        idx = (
+            (_BASELINE_ORDER.index(m) if m in _BASELINE_ORDER else len(_BASELINE_ORDER))
+            if fam == "baseline"
             else (_DIV_ORDER.index(sub) if sub in _DIV_ORDER else len(_DIV_ORDER))
+        )
         return rank, idx, m
     return sorted(dict.fromkeys(methods), key=key)
 
@@ -77,42 +80,92 @@ def bars_data(label: str, results: dict | None = None) -> dict:
         for metric in METRICS:
             by_method = {c["method"]: c for c in cols[(b, metric)]}
             bars[b][metric] = [by_method[m]["value"] for m in methods]
-            marks[b][metric] = [("bold" if by_method[m]["bold"] else "underline" if by_method[m]["underline"]
-                                 else None) for m in methods]
-            base = [c for c in cols[(b, metric)] if pt.family(c["method"]) == "baseline" and c["value"] is not None]
+            marks[b][metric] = [
+                (
+                    "bold"
+                    if by_method[m]["bold"]
+                    else "underline"
+                    if by_method[m]["underline"]
+                    else None
+                )
+                for m in methods
+            ]
+            base = [
+                c
+                for c in cols[(b, metric)]
+                if pt.family(c["method"]) == "baseline" and c["value"] is not None
+            ]
             top = max(base, key=lambda c: c["value"]) if base else None
-            baseline_best[b][metric] = None if top is None else {"method": top["method"], "value": top["value"]}
+            baseline_best[b][metric] = (
+                None if top is None else {"method": top["method"], "value": top["value"]}
+            )
     contradictions = []
     for v in pt.best_below_last(res):
         if v["table"] == label:
             for metric in METRICS:
-                contradictions.append({"benchmark": v["benchmark"], "method": v["method"], "metric": metric,
-                                       "kind": "Best < Last", "line": v["line"],
-                                       "text": f"Best {v['best']} < Last {v['last']}"})
+                contradictions.append(
+                    {
+                        "benchmark": v["benchmark"],
+                        "method": v["method"],
+                        "metric": metric,
+                        "kind": "Best < Last",
+                        "line": v["line"],
+                        "text": f"Best {v['best']} < Last {v['last']}",
+                    }
+                )
     for m in pt.mark_mismatches(res):
         if m["table"] == label:
-            contradictions.append({"benchmark": m["benchmark"], "method": m["method"], "metric": m["metric"],
-                                   "kind": "mark", "line": m["line"], "text": _contradiction_text(m)})
-    return {"table": label, "caption_line": t["caption_line"], "setting": t["setting"], "methods": methods,
-            "family": {m: pt.family(m) for m in methods}, "benchmarks": benches, "bars": bars,
-            "marks": marks, "baseline_best": baseline_best, "contradictions": contradictions}
+            contradictions.append(
+                {
+                    "benchmark": m["benchmark"],
+                    "method": m["method"],
+                    "metric": m["metric"],
+                    "kind": "mark",
+                    "line": m["line"],
+                    "text": _contradiction_text(m),
+                }
+            )
+    return {
+        "table": label,
+        "caption_line": t["caption_line"],
+        "setting": t["setting"],
+        "methods": methods,
+        "family": {m: pt.family(m) for m in methods},
+        "benchmarks": benches,
+        "bars": bars,
+        "marks": marks,
+        "baseline_best": baseline_best,
+        "contradictions": contradictions,
+    }
 
 
-def _draw_bars(ax, methods, families, last, best, *, last_err=None, best_err=None, marks=None, flagged=()):
+def _draw_bars(
+    ax, methods, families, last, best, *, last_err=None, best_err=None, marks=None, flagged=()
+):
     """Last (solid) and Best (hatched) bars per method in its family's colour; None = no bar."""
     x = np.arange(len(methods))
     w = 0.38
     for i, m in enumerate(methods):
         col = FAMILY_COLORS[families[m]]
-        for j, (vals, errs, metric) in enumerate(((last, last_err, "Last"), (best, best_err, "Best"))):
+        for j, (vals, errs, metric) in enumerate(
+            ((last, last_err, "Last"), (best, best_err, "Best"))
+        ):
             v = vals[i]
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 continue
             bad = (m, metric) in flagged
-            ax.bar(x[i] + (j - 0.5) * w, v, w, color=col, alpha=1.0 if metric == "Last" else 0.45,
-                   hatch=None if metric == "Last" else "//", edgecolor=CONTRADICTION if bad else col,
-                   linewidth=2.2 if bad else 0.6, yerr=None if errs is None else errs[i],
-                   error_kw={"elinewidth": 0.8, "capsize": 2})
+            ax.bar(
+                x[i] + (j - 0.5) * w,
+                v,
+                w,
+                color=col,
+                alpha=1.0 if metric == "Last" else 0.45,
+                hatch=None if metric == "Last" else "//",
+                edgecolor=CONTRADICTION if bad else col,
+                linewidth=2.2 if bad else 0.6,
+                yerr=None if errs is None else errs[i],
+                error_kw={"elinewidth": 0.8, "capsize": 2},
+            )
             if marks and marks[metric][i]:
                 ax.text(x[i] + (j - 0.5) * w, v, "1st" if marks[metric][i] == "bold" else "2nd",
                         ha="center", va="bottom", fontsize=6, fontweight="bold")
@@ -137,7 +190,13 @@ def _legend(fig, extra=()):
     handles += [Patch(facecolor="white", edgecolor="k", label="Last (solid)"),
                 Patch(facecolor="white", edgecolor="k", hatch="//", label="Best (hatched)")]
     handles += list(extra)
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, bbox_to_anchor=(0.5, -0.02))
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=len(handles),
+        fontsize=7,
+        bbox_to_anchor=(0.5, -0.02),
+    )
 
 
 def plot_bars(d: dict, out_dir, name: str | None = None):
@@ -145,7 +204,8 @@ def plot_bars(d: dict, out_dir, name: str | None = None):
     benches = d["benchmarks"]
     fig, axes = plt.subplots(1, len(benches), figsize=(4.3 * len(benches), 3.8), squeeze=False)
     flagged = {(c["method"], c["metric"], c["benchmark"]) for c in d["contradictions"]}
-    groups = {}                       # (benchmark, method) -> its contradictions, numbered in the footer
+    # (benchmark, method) -> its contradictions, numbered in the footer
+    groups = {}
     for c in d["contradictions"]:
         texts = groups.setdefault((c["benchmark"], c["method"]), [])
         if f"{c['text']} (l.{c['line']})" not in texts:
@@ -159,10 +219,12 @@ def plot_bars(d: dict, out_dir, name: str | None = None):
             top = d["baseline_best"][b][metric]
             if top:
                 ax.axhline(top["value"], color=FAMILY_COLORS["baseline"], ls=ls, lw=1.1)
-        for k, ((bb, m), texts) in enumerate(groups.items(), 1):
+        for k, (bb, m) in enumerate(groups, 1):
             if bb == b:
                 i = d["methods"].index(m)
-                v = max(x for x in (d["bars"][b]["Last"][i], d["bars"][b]["Best"][i]) if x is not None)
+                v = max(
+                    x for x in (d["bars"][b]["Last"][i], d["bars"][b]["Best"][i]) if x is not None
+                )
                 ax.annotate(f"!{k}", (i, v), xytext=(0, 9), textcoords="offset points", ha="center",
                             va="bottom", fontsize=8, color=CONTRADICTION, fontweight="bold")
         ax.set_title(b + ("" if bottom == 0 else f"  (y from {bottom:.2f})"), fontsize=9)
@@ -171,9 +233,19 @@ def plot_bars(d: dict, out_dir, name: str | None = None):
              Line2D([], [], color=FAMILY_COLORS["baseline"], ls=":", label="best baseline, Best")]
     if d["contradictions"]:
         from matplotlib.patches import Patch
-        extra.append(Patch(facecolor="white", edgecolor=CONTRADICTION, lw=2, label="contradicts the table/caption"))
+
+        extra.append(
+            Patch(
+                facecolor="white",
+                edgecolor=CONTRADICTION,
+                lw=2,
+                label="contradicts the table/caption",
+            )
+        )
     _legend(fig, extra)
-    footer = [f"!{k} {b} {m}: " + "; ".join(texts) for k, ((b, m), texts) in enumerate(groups.items(), 1)]
+    footer = [
+        f"!{k} {b} {m}: " + "; ".join(texts) for k, ((b, m), texts) in enumerate(groups.items(), 1)
+    ]
     if footer:
         fig.text(0.01, -0.04, "\n".join(footer), fontsize=7, color=CONTRADICTION, va="top")
     setting = ", ".join(f"{k} {v}" for k, v in d["setting"].items() if v)
@@ -212,24 +284,36 @@ def paired(diffs) -> dict:
     n = len(d)
     mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else float("nan")
     crit = t_quantile(0.975, n - 1) if n > 1 else float("inf")
-    t = mean / (sd / math.sqrt(n)) if n > 1 and sd > 0 else (math.copysign(math.inf, mean) if mean else 0.0)
+    t = (
+        mean / (sd / math.sqrt(n))
+        if n > 1 and sd > 0
+        else (math.copysign(math.inf, mean) if mean else 0.0)
+    )
     verdict = "replicates" if t > crit else "contradicted" if t < -crit else "not resolved"
     return {"n": n, "mean": mean, "std": sd, "t": t, "crit": crit, "verdict": verdict}
 
 
 def _small(logs) -> dict:
-    """{label: {"Last": [per seed], "Best": [...], "seeds": [...]}} of the seq task's held-out accuracy."""
+    """{label: {"Last": [per seed], "Best": [...], "seeds": [...]}} of the seq task's held-out
+    accuracy."""
     t = training.last_best_data("seq", metrics=(SMALL_METRIC,), logs=logs)
     out = {}
     for run, row in t["rows"].items():
         c = row[SMALL_METRIC]
-        out[t["labels"][run]] = {"Last": c["last_values"], "Best": c["best_values"], "seeds": c["seeds"]}
+        out[t["labels"][run]] = {
+            "Last": c["last_values"],
+            "Best": c["best_values"],
+            "seeds": c["seeds"],
+        }
     return out
 
 
 def _diff(small, a, b, metric):
     """Per-seed a - b (paired by seed: the runs of a seed share their warm start)."""
-    sa, sb = dict(zip(small[a]["seeds"], small[a][metric])), dict(zip(small[b]["seeds"], small[b][metric]))
+    sa, sb = (
+        dict(zip(small[a]["seeds"], small[a][metric])),
+        dict(zip(small[b]["seeds"], small[b][metric])),
+    )
     common = sorted(set(sa) & set(sb))
     return [sa[s] - sb[s] for s in common]
 
@@ -237,7 +321,8 @@ def _diff(small, a, b, metric):
 def replication_rows(logs=training.DEFAULT_LOGS, results: dict | None = None) -> list[dict]:
     """The paper's comparative claims, each measured on the paper's tables and, the same way, on
     the small-scale held-out accuracy (paired over seeds). The small-scale side picks the method
-    pair with the largest mean difference, as the paper's "up to" does, which favours replication."""
+    pair with the largest mean difference, as the paper's "up to" does, which favours
+    replication."""
     res = pt.load() if results is None else results
     small = _small(logs)
     fam = {m: pt.family(m) for m in small}
@@ -247,9 +332,19 @@ def replication_rows(logs=training.DEFAULT_LOGS, results: dict | None = None) ->
     top, c, _ = margin.margins(res)[0]
     paper = (f"up to {margin.text} quoted; largest {top:+.2f} ({short(c['table'])} {c['method']} "
              f"{c['benchmark']} {c['metric']})")
-    cands = [(m, metric) for m in small if fam[m] == "rpg-reinforce" for metric in METRICS] if "DAPO" in small else []
-    rows.append(_row(f"RPG-REINFORCE beats DAPO by up to {margin.text} points (l.{margin.line})", paper, small,
-                     [(m, "DAPO", metric) for m, metric in cands]))
+    cands = (
+        [(m, metric) for m in small if fam[m] == "rpg-reinforce" for metric in METRICS]
+        if "DAPO" in small
+        else []
+    )
+    rows.append(
+        _row(
+            f"RPG-REINFORCE beats DAPO by up to {margin.text} points (l.{margin.line})",
+            paper,
+            small,
+            [(m, "DAPO", metric) for m, metric in cands],
+        )
+    )
     # 2. "superiority over baselines including GRPO and DAPO" (l.805)
     n_cols = n_win = 0
     for t in res["tables"]:
@@ -261,21 +356,36 @@ def replication_rows(logs=training.DEFAULT_LOGS, results: dict | None = None) ->
                 n_win += max(ours) > max(base)
     ours = [m for m in small if fam[m] != "baseline"]
     base = [m for m in small if m in ("GRPO", "DAPO")]
-    rows.append(_row("an RPG method beats GRPO and DAPO (l.805)",
-                     f"in {n_win} of {n_cols} columns the best RPG/RPG-REINFORCE entry beats the better of GRPO, DAPO",
-                     small, [(o, bb, metric) for metric in METRICS for o in ours for bb in base], minimax=True))
+    rows.append(
+        _row(
+            "an RPG method beats GRPO and DAPO (l.805)",
+            f"in {n_win} of {n_cols} columns the best RPG/RPG-REINFORCE entry beats the better of "
+            "GRPO, DAPO",
+            small,
+            [(o, bb, metric) for metric in METRICS for o in ours for bb in base],
+            minimax=True,
+        )
+    )
     # 3. "RPG-REINFORCE variants have the strongest results across settings" (l.805)
     lead = []
     for t in res["tables"]:
         cols = pt.columns(res, t["label"])
-        won = sum(any(pt.family(x["method"]) == "rpg-reinforce" and pt.rank(col, x) == 1 for x in col)
-                  for col in cols.values())
+        won = sum(
+            any(pt.family(x["method"]) == "rpg-reinforce" and pt.rank(col, x) == 1 for x in col)
+            for col in cols.values()
+        )
         lead.append(f"{short(t['label'])} {won}/{len(cols)}")
     rf = [m for m in small if fam[m] == "rpg-reinforce"]
     others = [m for m in small if fam[m] != "rpg-reinforce"]
-    rows.append(_row("RPG-REINFORCE strongest across settings (l.805)",
-                     "columns led (by value) by an RPG-REINFORCE entry: " + ", ".join(lead), small,
-                     [(r, o, metric) for metric in METRICS for r in rf for o in others], minimax=True))
+    rows.append(
+        _row(
+            "RPG-REINFORCE strongest across settings (l.805)",
+            "columns led (by value) by an RPG-REINFORCE entry: " + ", ".join(lead),
+            small,
+            [(r, o, metric) for metric in METRICS for r in rf for o in others],
+            minimax=True,
+        )
+    )
     return rows
 
 
@@ -284,18 +394,35 @@ def _row(claim, paper, small, pairs, minimax=False) -> dict:
     pair with the largest mean difference. minimax: per metric, the best a (by mean) against the
     best b (by mean); the verdict is 'replicates' only if it does for both metrics."""
     if not pairs:
-        return {"claim": claim, "paper": paper, "small": "the methods are not in the seq experiment",
-                "verdict": "not tested", "stats": []}
+        return {
+            "claim": claim,
+            "paper": paper,
+            "small": "the methods are not in the seq experiment",
+            "verdict": "not tested",
+            "stats": [],
+        }
     mean = {m: {met: float(np.mean(v[met])) for met in METRICS} for m, v in small.items()}
     if minimax:
-        pairs = [(max({p[0] for p in pairs if p[2] == metric}, key=lambda m: mean[m][metric]),
-                  max({p[1] for p in pairs if p[2] == metric}, key=lambda m: mean[m][metric]), metric)
-                 for metric in METRICS]
-    stats = [{"a": a, "b": b, "metric": metric, **paired(_diff(small, a, b, metric))} for a, b, metric in pairs]
+        pairs = [
+            (
+                max({p[0] for p in pairs if p[2] == metric}, key=lambda m: mean[m][metric]),
+                max({p[1] for p in pairs if p[2] == metric}, key=lambda m: mean[m][metric]),
+                metric,
+            )
+            for metric in METRICS
+        ]
+    stats = [
+        {"a": a, "b": b, "metric": metric, **paired(_diff(small, a, b, metric))}
+        for a, b, metric in pairs
+    ]
     if not minimax:
         stats = [max(stats, key=lambda s: s["mean"])]
-    txt = "; ".join(f"{s['a']} − {s['b']}, held-out {s['metric']}: {100 * s['mean']:+.1f} ± {100 * s['std']:.1f} "
-                    f"points, t = {s['t']:.2f}" for s in stats)
+    txt = "; ".join(
+        f"{s['a']} − {s['b']}, held-out {s['metric']}: {100 * s['mean']:+.1f} ± "
+        f"{100 * s['std']:.1f} "
+        f"points, t = {s['t']:.2f}"
+        for s in stats
+    )
     txt += f" ({stats[0]['n']} paired seeds; |t| > {stats[0]['crit']:.2f} needed)"
     verdicts = {s["verdict"] for s in stats}
     verdict = verdicts.pop() if len(verdicts) == 1 else "mixed: " + ", ".join(
@@ -316,9 +443,20 @@ def side_by_side_data(logs=training.DEFAULT_LOGS, results: dict | None = None) -
         for metric in METRICS:
             by = {c["method"]: c for c in pt.columns(res, lb)[(bench, metric)]}
             paper[(lb, bench, metric)] = [by.get(m) for m in methods]
-    sm = {metric: [(float(np.mean(small[m][metric])), float(np.std(small[m][metric], ddof=1))
-                    if len(small[m][metric]) > 1 else float("nan")) if m in small else None for m in methods]
-          for metric in METRICS}
+    sm = {
+        metric: [
+            (
+                float(np.mean(small[m][metric])),
+                float(np.std(small[m][metric], ddof=1))
+                if len(small[m][metric]) > 1
+                else float("nan"),
+            )
+            if m in small
+            else None
+            for m in methods
+        ]
+        for metric in METRICS
+    }
     return {"methods": methods, "family": {m: pt.family(m) for m in methods}, "paper": paper,
             "small": sm, "n_seeds": sorted({len(v["Last"]) for v in small.values()}),
             "claims": replication_rows(logs, res)}
@@ -349,18 +487,35 @@ def side_by_side_markdown(d: dict) -> str:
             cells.append(f"**{txt}**" if r == 0 else f"<u>{txt}</u>" if r == 1 else txt)
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     n = "/".join(map(str, d["n_seeds"]))
-    lines += ["", (f"Paper columns: as printed, with the paper's own bold/underline (derivations/ERRATA.md E11-E12 "
-                   f"for the 8k AIME25 column). Small scale: the seq task's greedy held-out accuracy, mean ± sample "
-                   f"std over {n} seeds, bold/underline = 1st/2nd by mean; — = not run. The benchmarks differ "
-                   "(AIME vs 2-digit addition): compare orderings, not values."), "",
-              "| claim (paper) | in the paper's tables | at small scale (seq task) | verdict |", "|---|---|---|---|"]
+    lines += [
+        "",
+        (
+            "Paper columns: as printed, with the paper's own bold/underline "
+            "(derivations/ERRATA.md E11-E12 "
+            "for the 8k AIME25 column). Small scale: the seq task's greedy held-out accuracy, "
+            "mean ± sample "
+            f"std over {n} seeds, bold/underline = 1st/2nd by mean; — = not run. The benchmarks "
+            "differ "
+            "(AIME vs 2-digit addition): compare orderings, not values."
+        ),
+        "",
+        "| claim (paper) | in the paper's tables | at small scale (seq task) | verdict |",
+        "|---|---|---|---|",
+    ]
     for r in d["claims"]:
         lines.append(f"| {r['claim']} | {r['paper']} | {r['small']} | {r['verdict']} |")
-    lines += ["", ("Verdict: paired t-test over seeds (two-sided 5%); 'replicates' needs the small-scale "
-                   "difference in the paper's direction with |t| above the threshold, 'contradicted' the "
-                   "opposite, otherwise 'not resolved'. Row 1 takes the RPG-REINFORCE method and metric with the "
-                   "largest mean margin (selected, as the paper's \"up to\"; this favours 'replicates'); rows 2-3 "
-                   "compare the best method of each side by mean, per metric, as the paper's columns do.")]
+    lines += [
+        "",
+        (
+            "Verdict: paired t-test over seeds (two-sided 5%); 'replicates' needs the small-scale "
+            "difference in the paper's direction with |t| above the threshold, 'contradicted' the "
+            "opposite, otherwise 'not resolved'. Row 1 takes the RPG-REINFORCE method and metric "
+            "with the "
+            "largest mean margin (selected, as the paper's \"up to\"; this favours 'replicates'); "
+            "rows 2-3 "
+            "compare the best method of each side by mean, per metric, as the paper's columns do."
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -377,16 +532,37 @@ def plot_side_by_side(d: dict, out_dir, name: str = "paper_vs_small_scale"):
         ax.grid(alpha=0.3, axis="y")
     ax = axes[len(PAPER_COLUMNS)]
     mean = {m: [None if v is None else v[0] for v in d["small"][m]] for m in METRICS}
-    err = {m: [0.0 if v is None or math.isnan(v[1]) else v[1] for v in d["small"][m]] for m in METRICS}
-    _draw_bars(ax, methods, d["family"], mean["Last"], mean["Best"], last_err=err["Last"], best_err=err["Best"])
-    ends = [v + s * k for m in METRICS for v, s in zip(mean[m], err[m]) if v is not None for k in (-1, 1)]
+    err = {
+        m: [0.0 if v is None or math.isnan(v[1]) else v[1] for v in d["small"][m]] for m in METRICS
+    }
+    _draw_bars(
+        ax,
+        methods,
+        d["family"],
+        mean["Last"],
+        mean["Best"],
+        last_err=err["Last"],
+        best_err=err["Best"],
+    )
+    ends = [
+        v + s * k
+        for m in METRICS
+        for v, s in zip(mean[m], err[m])
+        if v is not None
+        for k in (-1, 1)
+    ]
     bottom = _ylim(ax, ends)
-    ax.set_title(f"small scale: seq held-out accuracy, ± std over seeds (y from {bottom:.2f})", fontsize=9)
+    ax.set_title(
+        f"small scale: seq held-out accuracy, ± std over seeds (y from {bottom:.2f})", fontsize=9
+    )
     ax.grid(alpha=0.3, axis="y")
     for ax in axes[len(PAPER_COLUMNS) + 1:]:
         ax.axis("off")
     _legend(fig)
-    fig.suptitle("the paper's AIME results beside the small-scale seq task (same methods, same Last/Best "
-                 "format; no bar = not run)", fontsize=10)
+    fig.suptitle(
+        "the paper's AIME results beside the small-scale seq task (same methods, same Last/Best "
+        "format; no bar = not run)",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return save(fig, out_dir, name)

@@ -1,12 +1,15 @@
 """Training dynamics and Last/Best tables from small_scale/ logs, in the shape of the paper's
 fig:main_8k / fig:ablation_clip / fig:ablation_kl and tab:main_table_4k.
 
-Log layout (written by small_scale/run_experiments.py; the rows are rpg_ref/train.py's
-metrics.jsonl rows, trimmed to the keys the experiment lists):
+Log layout: one file per experiment, <logs>/<exp>.jsonl (written by small_scale/run_experiments.py),
+one JSON object a line:
 
-    <logs>/<exp>/experiment.json                 the experiment's config (runs, groups, seeds)
-    <logs>/<exp>/<run>/seed<k>/metrics.jsonl     one JSON object per training step
-    <logs>/<exp>/<run>/seed<k>/summary.json      the trainer's summary (final row, eval, bandit optimum)
+    {"experiment": {...}}                        the experiment's config (runs, groups, seeds)
+    {"invocation": {...}}                        the command that last wrote the file
+    {"run": R, "seed": k, "config": {...}}       the trainer's config.json of run R, seed k
+    {"run": R, "seed": k, "summary": {...}}      its summary.json (final row, eval, bandit optimum)
+    {"run": R, "seed": k, "metrics": {...}}      one metrics.jsonl row (trimmed to the keys the
+                                                 experiment lists), in step order
 
 The trainer's metric names are mapped to panels by ``PANELS`` (the one adapter between the
 trainer and the figures). Spread over seeds: the shaded band is min..max over seeds, the line
@@ -64,27 +67,50 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def read_experiment_log(path: Path) -> dict:
+    """{"experiment", "invocation", "runs": {run: {seed: {"config", "summary", "metrics"}}}} of one
+    experiment's log file (layout in the module docstring); seeds in increasing order."""
+    out, runs = {"experiment": None, "invocation": None}, {}
+    for rec in read_jsonl(path):
+        if "run" not in rec:
+            out.update({k: v for k, v in rec.items() if k in out})
+            continue
+        kind = next((k for k in ("config", "summary", "metrics") if k in rec), None)
+        if kind is None or "seed" not in rec:
+            raise ValueError(
+                f"{path}: a record without seed and config/summary/metrics: {rec!r:.120}"
+            )
+        seed = runs.setdefault(rec["run"], {}).setdefault(
+            rec["seed"], {"config": None, "summary": None, "metrics": []})
+        if kind == "metrics":
+            seed["metrics"].append(rec["metrics"])
+        else:
+            seed[kind] = rec[kind]
+    if out["experiment"] is None:
+        raise ValueError(f"{path}: no experiment record")
+    out["runs"] = {r: dict(sorted(seeds.items())) for r, seeds in runs.items()}
+    return out
+
+
 def load_experiment(exp: str, logs=DEFAULT_LOGS) -> dict:
-    """{"spec": experiment.json, "runs": {run: [{"seed", "metrics", "summary"}]}} in the spec's
-    run order. A run listed in the spec without logs is an error naming the command to make them."""
-    root = Path(logs) / exp
-    spec_path = root / "experiment.json"
-    if not spec_path.exists():
-        raise FileNotFoundError(f"no logs for experiment {exp!r} in {root} (missing experiment.json); "
+    """{"spec": the experiment's config, "runs": {run: [{"seed", "metrics", "summary"}]}} in the
+    spec's run order. A run listed in the spec without logs is an error naming the command to
+    make them."""
+    path = Path(logs) / f"{exp}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no logs for experiment {exp!r}: {path} is missing; "
                                 f"run: python small_scale/run_experiments.py --exp {exp}")
-    spec = json.loads(spec_path.read_text())
-    runs = {}
+    log = read_experiment_log(path)
+    spec, runs = log["experiment"], {}
     for run in spec["runs"]:
-        seeds = sorted((root / run).glob("seed*/metrics.jsonl"))
+        seeds = {s: r for s, r in log["runs"].get(run, {}).items() if r["metrics"]}
         if not seeds:
-            raise FileNotFoundError(f"experiment {exp!r}: run {run!r} has no metrics.jsonl under {root / run}; "
-                                    f"run: python small_scale/run_experiments.py --exp {exp}")
-        recs = []
-        for m in seeds:
-            s = m.parent / "summary.json"
-            recs.append({"seed": int(m.parent.name[4:]), "metrics": read_jsonl(m),
-                         "summary": strict_json.loads(s.read_text()) if s.exists() else None})
-        runs[run] = recs
+            raise FileNotFoundError(
+                f"experiment {exp!r}: run {run!r} has no metrics rows in {path}; "
+                f"run: python small_scale/run_experiments.py --exp {exp}"
+            )
+        runs[run] = [{"seed": s, "metrics": r["metrics"], "summary": r["summary"]}
+                     for s, r in seeds.items()]
     return {"spec": spec, "runs": runs}
 
 
@@ -103,13 +129,17 @@ def series(recs: list[dict], panel: str) -> dict | None:
         return None
     per_seed = []
     for r in recs:
-        pts = [(row["step"], row[key]) for row in r["metrics"] if key in row and row[key] is not None]
+        pts = [
+            (row["step"], row[key]) for row in r["metrics"] if key in row and row[key] is not None
+        ]
         per_seed.append(pts)
     steps = [p[0] for p in per_seed[0]]
     for r, pts in zip(recs, per_seed):
         if [p[0] for p in pts] != steps:
-            raise ValueError(f"seed {r['seed']} logged {key!r} at different steps than seed "
-                             f"{recs[0]['seed']} ({len(pts)} vs {len(steps)} points): incomplete run?")
+            raise ValueError(
+                f"seed {r['seed']} logged {key!r} at different steps than seed "
+                f"{recs[0]['seed']} ({len(pts)} vs {len(steps)} points): incomplete run?"
+            )
     vals = np.asarray([[p[1] for p in pts] for pts in per_seed], dtype=float)
     return {"key": key, "step": np.asarray(steps), "values": vals}
 
@@ -122,9 +152,14 @@ def dynamics_data(exp: str, runs=None, panels=SEQ_PANELS, logs=DEFAULT_LOGS) -> 
     missing = [r for r in runs if r not in ex["runs"]]
     if missing:
         raise ValueError(f"experiment {exp!r} has no runs {missing}; it has {list(ex['runs'])}")
-    out = {"exp": exp, "runs": runs, "labels": {r: ex["spec"]["runs"][r].get("label", r) for r in runs},
-           "n_seeds": {r: len(ex["runs"][r]) for r in runs},
-           "seeds": {r: [rec["seed"] for rec in ex["runs"][r]] for r in runs}, "panels": {}}
+    out = {
+        "exp": exp,
+        "runs": runs,
+        "labels": {r: ex["spec"]["runs"][r].get("label", r) for r in runs},
+        "n_seeds": {r: len(ex["runs"][r]) for r in runs},
+        "seeds": {r: [rec["seed"] for rec in ex["runs"][r]] for r in runs},
+        "panels": {},
+    }
     for panel in panels:
         cur = {}
         for run in runs:
@@ -146,7 +181,9 @@ def bandit_gap_panel(exp: str = "bandit", logs=DEFAULT_LOGS) -> dict:
         if any(r["summary"] is None or r["summary"].get("optimum") is None for r in recs):
             continue
         s = series(recs, "expected_reward")
-        target = np.asarray([np.dot(r["summary"]["optimum"], r["summary"]["rewards"]) for r in recs])
+        target = np.asarray(
+            [np.dot(r["summary"]["optimum"], r["summary"]["rewards"]) for r in recs]
+        )
         v = np.abs(s["values"] - target[:, None])                       # [S, T]
         out[run] = {"key": "optimum_gap", "step": s["step"], "values": v,
                     "mean": v.mean(0), "lo": v.min(0), "hi": v.max(0)}
@@ -161,7 +198,9 @@ def _trailing_mean(v: np.ndarray, k: int) -> np.ndarray:
     return (c[..., idx] - c[..., lo]) / (idx - lo)
 
 
-def last_best_data(exp: str, metrics=("eval_accuracy", "accuracy"), runs=None, logs=DEFAULT_LOGS) -> dict:
+def last_best_data(
+    exp: str, metrics=("eval_accuracy", "accuracy"), runs=None, logs=DEFAULT_LOGS
+) -> dict:
     """tab:main_table_4k's shape: per run and metric, Last (value at the final logged step) and
     Best (max over logged steps), each mean and sample std over seeds (and per seed:
     ``last_values``, ``best_values`` in the order of ``seeds``). Eval metrics are used as logged;
@@ -174,7 +213,11 @@ def last_best_data(exp: str, metrics=("eval_accuracy", "accuracy"), runs=None, l
             s = d["panels"].get(m, {}).get(run)
             if s is None:
                 raise ValueError(f"{exp}/{run}: metric {m!r} ({PANELS[m][0]}) not in its logs")
-            v = s["values"] if s["key"].startswith("eval_") else _trailing_mean(s["values"], TRAIN_SMOOTH)
+            v = (
+                s["values"]
+                if s["key"].startswith("eval_")
+                else _trailing_mean(s["values"], TRAIN_SMOOTH)
+            )
             last, best = v[:, -1], v.max(1)
             sd = (lambda a: float(a.std(ddof=1)) if len(a) > 1 else float("nan"))
             rows[run][m] = {"last": float(last.mean()), "last_std": sd(last),
@@ -185,7 +228,9 @@ def last_best_data(exp: str, metrics=("eval_accuracy", "accuracy"), runs=None, l
     return {"exp": exp, "metrics": list(metrics), "labels": d["labels"], "rows": rows}
 
 
-def gain_data(exp: str, metric: str = "accuracy", k: int = 10, runs=None, logs=DEFAULT_LOGS) -> dict:
+def gain_data(
+    exp: str, metric: str = "accuracy", k: int = 10, runs=None, logs=DEFAULT_LOGS
+) -> dict:
     """Per run and seed: mean of ``metric`` over the last k logged steps minus its mean over the
     first k (how much training moved it). Seeds share their warm start across runs, so
     differences between runs are paired by seed."""
@@ -200,10 +245,15 @@ def gain_data(exp: str, metric: str = "accuracy", k: int = 10, runs=None, logs=D
 
 
 def gain_markdown(g: dict) -> str:
-    lines = [f"| Method | gain in {PANELS[g['metric']][1]} (last {g['k']} − first {g['k']} steps), per seed | mean |",
-             "|---|---|---|"]
+    lines = [
+        (f"| Method | gain in {PANELS[g['metric']][1]} (last {g['k']} − first {g['k']} steps), per "
+         "seed | mean |"),
+        "|---|---|---|",
+    ]
     for run, v in g["rows"].items():
-        lines.append(f"| {g['labels'][run]} | {', '.join(f'{x:+.3f}' for x in v)} | {v.mean():+.3f} |")
+        lines.append(
+            f"| {g['labels'][run]} | {', '.join(f'{x:+.3f}' for x in v)} | {v.mean():+.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -218,7 +268,11 @@ def _ranks(table: dict, m: str, field: str) -> dict:
 
 def _cell(table, run, m, field, fmt_best, fmt_second):
     c = table["rows"][run][m]
-    txt = f"{c[field]:.3f} ± {c[field + '_std']:.3f}" if not math.isnan(c[field + "_std"]) else f"{c[field]:.3f}"
+    txt = (
+        f"{c[field]:.3f} ± {c[field + '_std']:.3f}"
+        if not math.isnan(c[field + "_std"])
+        else f"{c[field]:.3f}"
+    )
     rank = _ranks(table, m, field)[run]
     return fmt_best(txt) if rank == 0 else fmt_second(txt) if rank == 1 else txt
 
@@ -235,45 +289,63 @@ def to_markdown(table: dict) -> str:
         lines.append(f"| {table['labels'][run]} | " + " | ".join(cells) + " |")
     n = {c["n_seeds"] for r in table["rows"].values() for c in r.values()}
     lines.append("")
-    lines.append(f"Mean ± sample std over {'/'.join(map(str, sorted(n)))} seeds. Best column value in bold, "
-                 f"second underlined. Last: value at the final step; Best: maximum over logged steps "
-                 f"(train metrics: trailing mean over {TRAIN_SMOOTH} steps first).")
+    lines.append(
+        f"Mean ± sample std over {'/'.join(map(str, sorted(n)))} seeds. Best column value in bold, "
+        f"second underlined. Last: value at the final step; Best: maximum over logged steps "
+        f"(train metrics: trailing mean over {TRAIN_SMOOTH} steps first)."
+    )
     return "\n".join(lines) + "\n"
 
 
 def to_latex(table: dict) -> str:
     ms = table["metrics"]
     esc = lambda s: s.replace("_", r"\_").replace("%", r"\%")
-    lines = [r"\begin{tabular}{l|" + "|".join(["cc"] * len(ms)) + "}", r"\toprule",
-             r"\multicolumn{1}{c|}{\multirow{2}{*}{\textbf{Method}}} & "
-             + " & ".join(rf"\multicolumn{{2}}{{c}}{{\textbf{{{esc(PANELS[m][1])}}}}}" for m in ms) + r" \\",
-             " & ".join([""] + [r"\textbf{Last} & \textbf{Best}"] * len(ms)) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{tabular}{l|" + "|".join(["cc"] * len(ms)) + "}",
+        r"\toprule",
+        r"\multicolumn{1}{c|}{\multirow{2}{*}{\textbf{Method}}} & "
+        + " & ".join(rf"\multicolumn{{2}}{{c}}{{\textbf{{{esc(PANELS[m][1])}}}}}" for m in ms)
+        + r" \\",
+        " & ".join([""] + [r"\textbf{Last} & \textbf{Best}"] * len(ms)) + r" \\",
+        r"\midrule",
+    ]
     for run in table["rows"]:
-        cells = [_cell(table, run, m, f, lambda t: rf"\textbf{{{t}}}", lambda t: rf"\underline{{{t}}}")
-                 for m in ms for f in ("last", "best")]
-        lines.append(esc(table["labels"][run]) + " & " + " & ".join(c.replace("±", r"$\pm$") for c in cells) + r" \\")
+        cells = [
+            _cell(table, run, m, f, lambda t: rf"\textbf{{{t}}}", lambda t: rf"\underline{{{t}}}")
+            for m in ms
+            for f in ("last", "best")
+        ]
+        lines.append(
+            esc(table["labels"][run])
+            + " & "
+            + " & ".join(c.replace("±", r"$\pm$") for c in cells)
+            + r" \\"
+        )
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
 def bandit_table_data(exp: str = "bandit", logs=DEFAULT_LOGS) -> dict:
     """Per run: final total-variation distance to the analytic KL-regularized optimum and the
-    final expected reward (mean, std, values over seeds), from the trainer's summary.json."""
+    final expected reward (mean, std, values over seeds), from the trainer's summaries."""
     ex = load_experiment(exp, logs)
     rows = {}
     for run, recs in ex["runs"].items():
         if any(r["summary"] is None for r in recs):
-            raise ValueError(f"{exp}/{run}: a seed has no summary.json (unfinished run?)")
+            raise ValueError(f"{exp}/{run}: a seed has no summary (unfinished run?)")
         tv = [r["summary"].get("tv_distance") for r in recs]
         er = [float(np.dot(r["summary"]["policy"], r["summary"]["rewards"])) for r in recs]
         # each seed has its own random pi_ref, hence its own optimum
         opt = [r["summary"].get("optimum") for r in recs]
-        rows[run] = {"label": ex["spec"]["runs"][run].get("label", run),
-                     "tv": None if any(t is None for t in tv) else np.asarray(tv, float),
-                     "expected_reward": np.asarray(er),
-                     "optimum_reward": None if any(o is None for o in opt) else
-                     np.asarray([float(np.dot(o, r["summary"]["rewards"])) for o, r in zip(opt, recs)]),
-                     "note": recs[0]["summary"].get("optimum_note", "")}
+        rows[run] = {
+            "label": ex["spec"]["runs"][run].get("label", run),
+            "tv": None if any(t is None for t in tv) else np.asarray(tv, float),
+            "expected_reward": np.asarray(er),
+            "optimum_reward": None
+            if any(o is None for o in opt)
+            else np.asarray([float(np.dot(o, r["summary"]["rewards"])) for o, r in zip(opt, recs)]),
+            "note": recs[0]["summary"].get("optimum_note", ""),
+        }
     return {"exp": exp, "rows": rows}
 
 
@@ -290,9 +362,16 @@ def bandit_markdown(t: dict) -> str:
         er = f"{r['expected_reward'].mean():.4f} ± {sd(r['expected_reward']):.4f}"
         lines.append(f"| {r['label']} | {tv} | {mx} | {er} | {gap} | {r['note']} |")
     n = {len(r["expected_reward"]) for r in t["rows"].values()}
-    lines += ["", (f"Over {'/'.join(map(str, sorted(n)))} seeds; each seed draws its own initial policy = "
-              f"pi_ref, hence its own optimum. TV = total-variation distance between the final policy and "
-              f"the analytic argmax of E_p[R] - beta D(p, pi_ref) (rpg_ref.train.kl_regularized_optimum).")]
+    lines += [
+        "",
+        (
+            f"Over {'/'.join(map(str, sorted(n)))} seeds; each seed draws its own initial policy = "
+            "pi_ref, hence its own optimum. TV = total-variation distance between the final "
+            "policy and "
+            "the analytic argmax of E_p[R] - beta D(p, pi_ref) "
+            "(rpg_ref.train.kl_regularized_optimum)."
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -304,7 +383,9 @@ def _linestyle(run: str) -> str:
     """RPG-REINFORCE dashed, RPG solid, baselines dotted (the families at a glance)."""
     if run.startswith("rpg-reinforce"):
         return "--"
-    if run.startswith("rpg-") or not any(run.startswith(b) for b in ("grpo", "dapo", "reinforce++")):
+    if run.startswith("rpg-") or not any(
+        run.startswith(b) for b in ("grpo", "dapo", "reinforce++")
+    ):
         return "-"
     return ":"
 
@@ -334,7 +415,9 @@ def plot_dynamics(data: dict, out_dir=None, name: str = "dynamics", title: str =
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     h, lab = max((ax.get_legend_handles_labels() for ax in axes.flat), key=lambda hl: len(hl[1]))
-    fig.legend(h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    fig.legend(
+        h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, bbox_to_anchor=(0.5, -0.02)
+    )
     fig.suptitle(title + "  (line: mean over seeds; band: min-max over seeds)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(lab) / 4), 1, 1))
     return save(fig, out_dir, name)
@@ -349,7 +432,10 @@ def plot_bandit_tv(table: dict, out_dir=None, name: str = "bandit_tv_to_optimum"
     ax.set_xticks(range(len(runs)), [r["label"] for r in runs], rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("TV(final policy, analytic optimum)")
-    ax.set_title("bandit, fixed reference: distance to argmax E[R] - beta D (bars: mean, dots: seeds)", fontsize=9)
+    ax.set_title(
+        "bandit, fixed reference: distance to argmax E[R] - beta D (bars: mean, dots: seeds)",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return save(fig, out_dir, name)

@@ -4,10 +4,12 @@ Rewards are a flat tensor [N] holding groups of ``group_size`` consecutive respo
 the same prompt (N = num_prompts * group_size), the layout every trainer here uses.
 
     name                   formula                                              used by
-    group-mean             A_i = R_i - mean_{j in g(i)} R_j                     RPG (docs/paper_code.md)
-    group-mean-std         A_i = (R_i - mean_g R) / (std_g R + eps)             GRPO, DAPO
-    batch-mean             A_i = R_i - mean_batch R                             alg:offpolicy_rpg_ppo_dualclip example
-    leave-one-out          A_i = R_i - mean_{j in g(i), j != i} R_j             RLOO
+    group-mean             A_i = R_i - mean_{j in g(i)} R_j                     RPG
+    (docs/paper_code.md) group-mean-std         A_i = (R_i - mean_g R) / (std_g R + eps)
+    GRPO, DAPO
+    batch-mean             A_i = R_i - mean_batch R
+    alg:offpolicy_rpg_ppo_dualclip example leave-one-out          A_i = R_i - mean_{j in g(i), j !=
+    i} R_j             RLOO
     reinforce++            token advantages, k1 KL in the reward, whitened      REINFORCE++
     reinforce++-baseline   as above after subtracting the group-mean reward     REINFORCE++-baseline
 
@@ -36,11 +38,15 @@ __all__ = [
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
     if not isinstance(rewards, Tensor) or rewards.dim() != 1:
-        raise ValueError(f"rewards must be a 1-D tensor [N], got {getattr(rewards, 'shape', type(rewards))}")
+        raise ValueError(
+            f"rewards must be a 1-D tensor [N], got {getattr(rewards, 'shape', type(rewards))}"
+        )
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if rewards.numel() % group_size:
-        raise ValueError(f"number of rewards {rewards.numel()} is not a multiple of group_size {group_size}")
+        raise ValueError(
+            f"number of rewards {rewards.numel()} is not a multiple of group_size {group_size}"
+        )
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards contain non-finite values")
     return rewards.reshape(-1, group_size)                      # [P, G]
@@ -84,12 +90,16 @@ def kl_return_to_go(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: T
     """REINFORCE++'s token returns before whitening: the k1 KL to pi_ref folded into the reward.
 
     Per token t of response i (gamma = 1):
-        r_t = R_i [t is the last valid token] - beta * k1_t,   k1_t = log pi_old(y_t) - log pi_ref(y_t)
+        r_t = R_i [t is the last valid token] - beta * k1_t,   k1_t = log pi_old(y_t) - log
+        pi_ref(y_t)
         A_t = sum_{s >= t} r_s                                  (return to go)
     ``ref_logp`` None means pi_ref = pi_old (then the KL term is 0).
     """
     if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
-        raise ValueError(f"mask must be [N, T] with N = len(rewards) = {rewards.shape[0]}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be [N, T] with N = len(rewards) = {rewards.shape[0]}, got "
+            f"{tuple(mask.shape)}"
+        )
     if old_logp.shape != mask.shape or (ref_logp is not None and ref_logp.shape != mask.shape):
         raise ValueError("old_logp and ref_logp must have the mask's shape [N, T]")
     check_beta(beta)
@@ -98,7 +108,8 @@ def kl_return_to_go(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: T
     if bool((m.sum(1) == 0).any()):
         raise ValueError("a mask row has no tokens")
     last = (torch.arange(m.shape[1], device=m.device)[None, :] == (m.cumsum(1).argmax(1))[:, None])
-    per_tok = r[:, None].to(m.dtype) * last.to(m.dtype)          # [N, T] reward on the last valid token
+    # [N, T] reward on the last valid token
+    per_tok = r[:, None].to(m.dtype) * last.to(m.dtype)
     if ref_logp is not None and beta > 0:
         per_tok = per_tok - beta * (old_logp - ref_logp).detach() * m
     return per_tok.flip(1).cumsum(1).flip(1) * m                 # [N, T] return to go

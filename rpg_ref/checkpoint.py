@@ -83,7 +83,8 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
     os.replace(tmp, final)
     atomic_write(root / "LATEST", final.name)
     older = sorted(p for p in root.glob("step_*") if p.name < final.name)
-    stale = [p for p in root.glob("step_*") if p.name > final.name]  # from before a resume: discarded
+    # from before a resume: discarded
+    stale = [p for p in root.glob("step_*") if p.name > final.name]
     for old in stale + (older[: max(0, len(older) - (keep - 1))] if keep else []):
         shutil.rmtree(old, ignore_errors=True)
 

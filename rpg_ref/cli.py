@@ -35,8 +35,15 @@ from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import loads
 from rpg_ref.train import finished, prepare, train
 
-RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every", "keep_checkpoints",
-                     "dist_timeout")
+RESUME_CHANGEABLE = (
+    "steps",
+    "progress",
+    "tensorboard",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "dist_timeout",
+)
 
 
 def _cli_type(tp) -> Any:
@@ -89,12 +96,15 @@ class _Formatter(argparse.HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="rpg-train", argument_default=argparse.SUPPRESS, allow_abbrev=False,
+        prog="rpg-train",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
         formatter_class=_Formatter,
         description=f"Train with the RPG paper's losses (rpg_ref/train.py). The defaults shown are "
-                    f"what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or --task "
-                    f"NAME) starts from another preset's values ({', '.join(PRESETS)}). "
-                    f"--algo is one of: {', '.join(L.LOSSES)}.")
+        f"what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or --task "
+        f"NAME) starts from another preset's values ({', '.join(PRESETS)}). "
+        f"--algo is one of: {', '.join(L.LOSSES)}.",
+    )
     hints, preset = typing.get_type_hints(Config), PRESETS[DEFAULT_PRESET]
     for f in dataclasses.fields(Config):
         if not f.metadata.get("cli", True):
@@ -115,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     for dest, flag, f, owner, tp in option_flags():
         helptext = f"[{owner}] {f.metadata.get('help', '')} (default: {_default(f)})"
         if tp is bool:
-            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, help=helptext)
+            group.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, help=helptext
+            )
         elif tp in (list, tuple) or typing.get_origin(tp) in (list, tuple):
             elem = (typing.get_args(tp) or (str,))[0]  # list[float] -> float
             group.add_argument(flag, dest=dest, nargs="+", type=elem, help=helptext)
@@ -131,7 +143,9 @@ def _typed(flags: dict) -> dict:
         try:  # the loss library's rule refuses a malformed or out-of-range clip
             L.parse_clip(flags["clip"])
         except ValueError as e:
-            raise ValueError(f"bad configuration: --clip {' '.join(map(str, flags['clip']))}: {e}") from None
+            raise ValueError(
+                f"bad configuration: --clip {' '.join(map(str, flags['clip']))}: {e}"
+            ) from None
         flags["clip"] = [float(v) for v in flags["clip"]]  # stored as given ('inf' stays inf)
     if "adam_betas" in flags:
         flags["adam_betas"] = [float(v) for v in flags["adam_betas"]]
@@ -179,7 +193,9 @@ def default_out(cfg: Config, preset: str, flags: dict) -> str:
                if k not in OUT_NAME_KEYS and defaults.get(k, object()) != v}
     if not changed:
         return f"runs/{name}-{cfg.algo}-s{cfg.seed}"
-    digest = hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    digest = hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[
+        :6
+    ]
     return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest}"
 
 
@@ -195,7 +211,8 @@ def _from_preset(message: str, preset: str, flags: dict) -> str:
 
 def _resume_config(flags: dict) -> Config:
     """The stored config of run folder DIR, continued in DIR (wherever the run was first written:
-    a moved folder, or a relative --out resumed from another working directory, stays where it is)."""
+    a moved folder, or a relative --out resumed from another working directory, stays where it
+    is)."""
     out = Path(flags["resume"])
     if "out" in flags:
         raise ValueError(f"--resume {out} continues the run in {out}: drop --out")
@@ -207,11 +224,15 @@ def _resume_config(flags: dict) -> Config:
         cfg = Config(**stored)
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
-    given = _typed({k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume", "out")})
+    given = _typed(
+        {k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume", "out")}
+    )
     differ = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k, None) != v}
     if differ:
-        raise ValueError(f"--resume {out}: flags differ from the stored run's config: {differ}; only "
-                         f"{sorted(RESUME_CHANGEABLE)} may change on resume")
+        raise ValueError(
+            f"--resume {out}: flags differ from the stored run's config: {differ}; only "
+            f"{sorted(RESUME_CHANGEABLE)} may change on resume"
+        )
     for k in RESUME_CHANGEABLE:
         if k in flags:
             setattr(cfg, k, flags[k])
@@ -257,7 +278,8 @@ def main(argv: list | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        try:  # every user mistake (flags, data, model, device, folder) is caught before OUT is written
+        # every user mistake (flags, data, model, device, folder) is caught before OUT is written
+        try:
             cfg = parse_config(argv)
             run = None if finished(cfg) else prepare(cfg)
         except ValueError as e:
@@ -278,8 +300,11 @@ def main(argv: list | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C (SIGINT) or SIGTERM: a line, no traceback
         signum = getattr(e, "signum", signal.SIGINT)
         if D.is_main():  # under torchrun every rank gets the signal: one line is enough
-            print(("\n" if cfg is not None and cfg.progress else "") + interrupted_message(cfg, signum),
-                  file=sys.stderr)
+            print(
+                ("\n" if cfg is not None and cfg.progress else "")
+                + interrupted_message(cfg, signum),
+                file=sys.stderr,
+            )
         return 128 + signum
     finally:
         if previous is not None:

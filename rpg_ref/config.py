@@ -37,23 +37,35 @@ def _f(default, help: str, **kw):
 @dataclass
 class Config:
     # --- run ---
-    preset: str = _f("seq", "named preset of hyperparameters (see PRESETS); explicit flags "
-                     "override it. Default: the preset named like --task if there is one, else 'seq'")
+    preset: str = _f(
+        "seq",
+        "named preset of hyperparameters (see PRESETS); explicit flags "
+        "override it. Default: the preset named like --task if there is one, else 'seq'",
+    )
     task: str = _f("seq", "task: one of rpg_ref.registry.TASKS (bandit, seq, math)")
     out: str | None = _f(None, "output folder (default runs/<task>-<algo>-s<seed>)")
-    resume: str | None = _f(None, "continue the run stored in this output folder (its config is reused)")
+    resume: str | None = _f(
+        None, "continue the run stored in this output folder (its config is reused)"
+    )
     seed: int = _f(0, "random seed (python, numpy, torch)")
     steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer loop")
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
     threads: int = _f(0, "torch CPU threads (0 = torch's default; 1 is fastest for tiny models)")
-    dist_timeout: float = _f(1800.0, "under torchrun: seconds a rank waits in a collective before the "
-                             "run stops with an error (a hung rank; a dead one stops it at once)")
-    cache_dir: str = _f("runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)")
+    dist_timeout: float = _f(
+        1800.0,
+        "under torchrun: seconds a rank waits in a collective before the "
+        "run stops with an error (a hung rank; a dead one stops it at once)",
+    )
+    cache_dir: str = _f(
+        "runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)"
+    )
     # --- algorithm ---
     algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.losses.LOSSES")
     beta: float = _f(1e-3, "KL coefficient (for reinforce++ it enters the reward; dapo has no KL "
                      "and uses 0 unless --beta is given)")
-    adv: str = _f("auto", "advantage estimator in rpg_ref.advantages.ADVANTAGES; auto = the loss's default")
+    adv: str = _f(
+        "auto", "advantage estimator in rpg_ref.advantages.ADVANTAGES; auto = the loss's default"
+    )
     clip: list | None = _f(None, "clipping eps_low eps_high [c]: PPO / RPG-Style dual clip (c > 1, "  # noqa: RUF009
                            "'inf' = no dual bound). Default: the loss's own (none for rpg losses)",
                            nargs="+")
@@ -66,34 +78,52 @@ class Config:
     engine: str = _f("auto", "sampler: one of rpg_ref.registry.ENGINES; auto = the task's default")
     prompts_per_step: int = _f(16, "prompts per rollout batch")
     group_size: int = _f(8, "responses per prompt (G)")
-    temperature: float = _f(1.0, "sampling temperature (log-probs are computed at the same temperature)")
+    temperature: float = _f(
+        1.0, "sampling temperature (log-probs are computed at the same temperature)"
+    )
     top_p: float = _f(1.0, "nucleus sampling threshold in (0, 1]")
     max_new_tokens: int = _f(8, "maximum response length in tokens")
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop groups whose rewards are all "
                                 "equal and sample more prompts to refill the batch")
-    dynamic_sampling_rounds: int = _f(8, "cap on generation rounds per step for dynamic sampling; "
-                                      "when hit, the batch is completed with dropped groups (dyn_filled=0)")
+    dynamic_sampling_rounds: int = _f(
+        8,
+        "cap on generation rounds per step for dynamic sampling; "
+        "when hit, the batch is completed with dropped groups (dyn_filled=0)",
+    )
     overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty rises linearly from 0 to "
                               "-overlong_penalty over the last this-many tokens before "
                               "max_new_tokens (0 = off)")
     overlong_penalty: float = _f(1.0, "size of the overlong penalty at max_new_tokens")
-    rollout_correction: str = _f("none", "weight each sample's loss by pi_old / pi_sampler from the "
-                                 "engine's log-probs: 'none', 'tis' (truncated at the cap) or 'mis' "
-                                 "(masked to 0 above the cap); docs/rollout_correction.md")
-    rollout_correction_level: str = _f("token", "importance weight per 'token' (biased, low variance) "
-                                       "or per 'sequence' (exact without a cap)")
-    rollout_correction_cap: float = _f(2.0, "cap C >= 1 on the weight pi_old / pi_sampler (inf = no cap)")
+    rollout_correction: str = _f(
+        "none",
+        "weight each sample's loss by pi_old / pi_sampler from the "
+        "engine's log-probs: 'none', 'tis' (truncated at the cap) or 'mis' "
+        "(masked to 0 above the cap); docs/rollout_correction.md",
+    )
+    rollout_correction_level: str = _f(
+        "token",
+        "importance weight per 'token' (biased, low variance) "
+        "or per 'sequence' (exact without a cap)",
+    )
+    rollout_correction_cap: float = _f(
+        2.0, "cap C >= 1 on the weight pi_old / pi_sampler (inf = no cap)"
+    )
     # --- update ---
     mini_batch_size: int = _f(32, "responses per optimizer step")
-    micro_batch_size: int = _f(0, "responses per forward/backward (gradient accumulation); 0 = mini-batch")
+    micro_batch_size: int = _f(
+        0, "responses per forward/backward (gradient accumulation); 0 = mini-batch"
+    )
     micro_batch_tokens: int = _f(0, "at most this many tokens per forward/backward (rows x longest "
                                  "prompt+response; sequences sorted by length first; 0 = no limit)")
     logprob_chunk: int = _f(0, "response tokens per LM-head call in log-prob passes (0 = auto: "
                             "512 MiB of fp32 logits, 883 tokens for Qwen3's vocabulary)")
     updates_per_step: int | None = _f(None, "K: max optimizer steps per rollout batch (default one "
                                       "pass: batch / mini_batch_size)")
-    kappa: float = _f(math.inf, "stop the inner loop when the running token-level KL(pi_theta||pi_old) "
-                      "estimate exceeds this (inf = never)")
+    kappa: float = _f(
+        math.inf,
+        "stop the inner loop when the running token-level KL(pi_theta||pi_old) "
+        "estimate exceeds this (inf = never)",
+    )
     lr: float = _f(1e-3, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_betas: list = _f([0.9, 0.999], "AdamW betas", nargs=2)  # noqa: RUF009
@@ -106,9 +136,10 @@ class Config:
     keep_checkpoints: int = _f(1, "checkpoints kept on disk: the latest N (0 = all)")
     progress: bool = _f(True, "progress bar (tqdm when installed)")
     tensorboard: bool = _f(False, "also log to TensorBoard (needs the tensorboard package)")
-    # --- filled from the task's / engine's Options (flags --<task>-<option>, --<engine>-<option>) ---
+    # --- filled from the task's / engine's Options (--<task>-<option>, --<engine>-<option>) ---
     task_options: dict = _f({}, "task-specific options (set with --<task>-<option>)", cli=False)  # noqa: RUF009
-    engine_options: dict = _f({}, "engine-specific options (set with --<engine>-<option>)", cli=False)  # noqa: RUF009
+    engine_options: dict = _f(  # noqa: RUF009
+        {}, "engine-specific options (set with --<engine>-<option>)", cli=False)
 
 
 # =============================================================================================
@@ -155,40 +186,84 @@ PAPER_HPARAMS = {
 # gives 16 optimizer steps as on 8 GPUs, each accumulating gradients over micro-batches.
 _P = PAPER_HPARAMS
 PAPER_RECIPE = dict(
-    task="math", engine="vllm", algo="rpg-reinforce-urkl", adv="auto", ref="iterative",
-    beta=_P["beta"], clip=[*_P["clip_rpg"], _P["dual_clip_c_released_code"]],
-    prompts_per_step=_P["prompts_per_step"], group_size=_P["group_size"],
-    temperature=_P["temperature"], top_p=1.0, dynamic_sampling=True,
-    overlong_buffer=_P["overlong_buffer_released_code"], overlong_penalty=1.0,
+    task="math",
+    engine="vllm",
+    algo="rpg-reinforce-urkl",
+    adv="auto",
+    ref="iterative",
+    beta=_P["beta"],
+    clip=[*_P["clip_rpg"], _P["dual_clip_c_released_code"]],
+    prompts_per_step=_P["prompts_per_step"],
+    group_size=_P["group_size"],
+    temperature=_P["temperature"],
+    top_p=1.0,
+    dynamic_sampling=True,
+    overlong_buffer=_P["overlong_buffer_released_code"],
+    overlong_penalty=1.0,
     mini_batch_size=_P["mini_batch_prompts_per_gpu"] * _P["group_size"],  # 512
-    micro_batch_size=1,  # 512 sequences per optimizer step, one at a time (the memory budget's assumption)
-    lr=_P["lr"], weight_decay=_P["weight_decay"], grad_clip=_P["grad_clip"],
-    warmup_steps=_P["warmup_steps"], lr_decay="constant", steps=_P["steps"], eval_every=10, save_every=10,
-    # the math task's options: fp32 master weights, bf16 compute, checkpointing (docs/memory_budget_*)
-    math_model="Qwen/Qwen3-4B", math_train_data="deepmath_int",
-    math_eval_data=["aime24", "aime25", "amc23"], math_eval_n=32, math_eval_k=[32], math_prompt="answer",
-    math_enable_thinking=False, math_scoring="pm1", math_dtype="bf16-autocast",
+    # 512 sequences per optimizer step, one at a time (the memory budget's assumption)
+    micro_batch_size=1,
+    lr=_P["lr"],
+    weight_decay=_P["weight_decay"],
+    grad_clip=_P["grad_clip"],
+    warmup_steps=_P["warmup_steps"],
+    lr_decay="constant",
+    steps=_P["steps"],
+    eval_every=10,
+    save_every=10,
+    # the math task's options: fp32 master weights, bf16 compute, checkpointing
+    # (docs/memory_budget_*)
+    math_model="Qwen/Qwen3-4B",
+    math_train_data="deepmath_int",
+    math_eval_data=["aime24", "aime25", "amc23"],
+    math_eval_n=32,
+    math_eval_k=[32],
+    math_prompt="answer",
+    math_enable_thinking=False,
+    math_scoring="pm1",
+    math_dtype="bf16-autocast",
     math_gradient_checkpointing=True,
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
     # K-armed bandit: large groups make the group-mean baseline's (1 - 1/G) shrink negligible, a
     # cosine-decayed learning rate lets Adam settle on the KL-regularized optimum.
-    "bandit": {"task": "bandit", "steps": 300, "beta": 0.5, "prompts_per_step": 1, "group_size": 512,
-               "max_new_tokens": 1, "mini_batch_size": 128, "lr": 0.05, "grad_clip": 0.0,
-               "lr_decay": "cosine", "save_every": 50, "threads": 1},
+    "bandit": {
+        "task": "bandit",
+        "steps": 300,
+        "beta": 0.5,
+        "prompts_per_step": 1,
+        "group_size": 512,
+        "max_new_tokens": 1,
+        "mini_batch_size": 128,
+        "lr": 0.05,
+        "grad_clip": 0.0,
+        "lr_decay": "cosine",
+        "save_every": 50,
+        "threads": 1,
+    },
     # digit addition with a tiny Qwen3 (warm-started by a short supervised phase, cached), with
     # RPG-Style Clip at the paper's (eps_low, eps_high) = (0.2, 0.28) and dual-clip c = 3.
-    "seq": {"task": "seq", "steps": 80, "max_new_tokens": 5, "lr": 3e-4, "clip": [0.2, 0.28, 3.0],
-            "eval_every": 20, "save_every": 20, "threads": 1},
+    "seq": {
+        "task": "seq",
+        "steps": 80,
+        "max_new_tokens": 5,
+        "lr": 3e-4,
+        "clip": [0.2, 0.28, 3.0],
+        "eval_every": 20,
+        "save_every": 20,
+        "threads": 1,
+    },
     # the paper's run: Qwen3-4B at 2K / 4K / 8K responses with a colocated vLLM
     "qwen3-4b-h100": dict(PAPER_RECIPE, max_new_tokens=2048),
     "qwen3-4b-h100-4k": dict(PAPER_RECIPE, max_new_tokens=4096),
     "qwen3-4b-h100-8k": dict(PAPER_RECIPE, max_new_tokens=8192),
-    # the same recipe on a smaller model, micro-batches of 4 responses (chosen when the trainer still
-    # materialized full fp32 logits; with the chunked LM head a token budget may do better: untuned)
-    "qwen3-0.6b-h100": dict(PAPER_RECIPE, max_new_tokens=2048, micro_batch_size=4,
-                            math_model="Qwen/Qwen3-0.6B"),
+    # the same recipe on a smaller model, micro-batches of 4 responses (chosen when the trainer
+    # still materialized full fp32 logits; with the chunked LM head a token budget may do better:
+    # untuned)
+    "qwen3-0.6b-h100": dict(
+        PAPER_RECIPE, max_new_tokens=2048, micro_batch_size=4, math_model="Qwen/Qwen3-0.6B"
+    ),
 }
 # `rpg-train --task math` (no --preset): the paper's recipe on the math task's default engine (hf)
 PRESETS["math"] = {k: v for k, v in PRESETS["qwen3-4b-h100"].items() if k != "engine"}
@@ -241,8 +316,15 @@ def fill_options(cfg: Config, flags: dict, owners: dict) -> None:
             raise ValueError(f"bad configuration: --{dest.replace('_', '-')} is an option of "
                              f"{owners[dest]}, but this run uses task {cfg.task!r} and engine "
                              f"{cfg.engine!r}")
-    for key, cls, name in (("task_options", task_cls, cfg.task), ("engine_options", engine_cls, cfg.engine)):
-        mine = {d[len(name) + 1:]: v for d, v in flags.items() if owners[d] in (f"task:{name}", f"engine:{name}")}
+    for key, cls, name in (
+        ("task_options", task_cls, cfg.task),
+        ("engine_options", engine_cls, cfg.engine),
+    ):
+        mine = {
+            d[len(name) + 1 :]: v
+            for d, v in flags.items()
+            if owners[d] in (f"task:{name}", f"engine:{name}")
+        }
         base = dataclasses.asdict(cls.Options()) if hasattr(cls, "Options") else {}
         unknown = set(getattr(cfg, key)) - set(base)
         if unknown:
@@ -250,7 +332,8 @@ def fill_options(cfg: Config, flags: dict, owners: dict) -> None:
                              f"valid: {sorted(base)}")
         setattr(cfg, key, {**base, **getattr(cfg, key), **mine})
         if hasattr(cls, "Options"):
-            cls.Options(**getattr(cfg, key))  # an Options class may check its values (__post_init__)
+            # an Options class may check its values (__post_init__)
+            cls.Options(**getattr(cfg, key))
 
 
 # =============================================================================================
@@ -275,9 +358,15 @@ def validate(cfg: Config) -> None:
     if adv not in ADVANTAGES:
         bad(f"unknown advantage estimator --adv {cfg.adv!r}; valid: auto, {', '.join(ADVANTAGES)}")
     if adv.startswith("reinforce++") != spec.kl_in_reward:
-        bad(f"--adv {adv} does not fit --algo {cfg.algo} (reinforce++ losses need reinforce++ advantages)")
+        bad(
+            f"--adv {adv} does not fit --algo {cfg.algo} (reinforce++ losses need reinforce++ "
+            "advantages)"
+        )
     if cfg.group_size < 1 or cfg.prompts_per_step < 1:
-        bad(f"--group-size ({cfg.group_size}) and --prompts-per-step ({cfg.prompts_per_step}) must be >= 1")
+        bad(
+            f"--group-size ({cfg.group_size}) and --prompts-per-step ({cfg.prompts_per_step}) "
+            "must be >= 1"
+        )
     if cfg.group_size == 1 and adv in GROUP_ESTIMATORS:
         bad(f"--group-size 1 with the group baseline {adv!r}: every advantage would be 0; use "
             f"--group-size >= 2 or --adv batch-mean")
@@ -289,12 +378,17 @@ def validate(cfg: Config) -> None:
     if cfg.mini_batch_size < 1 or n % cfg.mini_batch_size:
         bad(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {n} responses) is not "
             f"divisible into mini-batches of --mini-batch-size {cfg.mini_batch_size}")
-    if cfg.micro_batch_size < 0 or (cfg.micro_batch_size and cfg.mini_batch_size % cfg.micro_batch_size):
+    if cfg.micro_batch_size < 0 or (
+        cfg.micro_batch_size and cfg.mini_batch_size % cfg.micro_batch_size
+    ):
         bad(f"--mini-batch-size {cfg.mini_batch_size} is not divisible into micro-batches of "
             f"--micro-batch-size {cfg.micro_batch_size}")
     if cfg.micro_batch_tokens < 0 or cfg.logprob_chunk < 0:
-        bad(f"--micro-batch-tokens ({cfg.micro_batch_tokens}) and --logprob-chunk ({cfg.logprob_chunk}) "
-            f"must be >= 0 (0 = no limit / auto)")
+        bad(
+            f"--micro-batch-tokens ({cfg.micro_batch_tokens}) and --logprob-chunk "
+            f"({cfg.logprob_chunk}) "
+            f"must be >= 0 (0 = no limit / auto)"
+        )
     if not cfg.temperature > 0:
         bad(f"--temperature must be > 0, got {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:
@@ -310,8 +404,11 @@ def validate(cfg: Config) -> None:
     if cfg.max_new_tokens < 1:
         bad(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
     if not cfg.lr > 0 or cfg.weight_decay < 0 or cfg.grad_clip < 0:
-        bad(f"need --lr > 0, --weight-decay >= 0, --grad-clip >= 0; got {cfg.lr}, {cfg.weight_decay}, "
-            f"{cfg.grad_clip}")
+        bad(
+            f"need --lr > 0, --weight-decay >= 0, --grad-clip >= 0; got {cfg.lr}, "
+            f"{cfg.weight_decay}, "
+            f"{cfg.grad_clip}"
+        )
     if cfg.ref not in ("iterative", "init"):
         bad(f"--ref must be 'iterative' or 'init', got {cfg.ref!r}")
     if cfg.lr_decay not in ("constant", "cosine"):
@@ -334,31 +431,45 @@ def validate(cfg: Config) -> None:
 
 def check_rollout_correction(cfg: Config) -> None:
     """--rollout-correction needs the sampler's log-probs of the distribution it samples from."""
-    mode, level, cap = cfg.rollout_correction, cfg.rollout_correction_level, cfg.rollout_correction_cap
+    mode, level, cap = (
+        cfg.rollout_correction,
+        cfg.rollout_correction_level,
+        cfg.rollout_correction_cap,
+    )
     try:
         RC.check_options(mode, level, cap)
     except ValueError as e:
         raise ValueError(f"bad configuration: --rollout-correction: {e}") from None
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     if mode == "none":
-        given = [f"--{k.replace('_', '-')}" for k in ("rollout_correction_level", "rollout_correction_cap")
-                 if getattr(cfg, k) != defaults[k]]
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k in ("rollout_correction_level", "rollout_correction_cap")
+            if getattr(cfg, k) != defaults[k]
+        ]
         if given:
-            raise ValueError(f"bad configuration: {' and '.join(given)} given without --rollout-correction "
-                             f"tis|mis; add one, or drop them")
+            raise ValueError(
+                f"bad configuration: {' and '.join(given)} given without --rollout-correction "
+                f"tis|mis; add one, or drop them"
+            )
         return
     if level == "token" and cfg.level == "sequence":
         raise ValueError("bad configuration: --rollout-correction-level token weights tokens, but "
                          "--level sequence makes a whole response one unit of the loss; use "
                          "--rollout-correction-level sequence")
     if cfg.top_p < 1:
-        raise ValueError(f"bad configuration: --rollout-correction {mode} with --top-p {cfg.top_p}: the "
-                         f"sampler never draws tokens outside the nucleus, so pi_old / pi_sampler cannot "
-                         f"restore them; use --top-p 1")
+        raise ValueError(
+            f"bad configuration: --rollout-correction {mode} with --top-p {cfg.top_p}: the "
+            f"sampler never draws tokens outside the nucleus, so pi_old / pi_sampler cannot "
+            f"restore them; use --top-p 1"
+        )
     task_cls = resolve(TASKS, cfg.task, "task")
     engine = task_cls.default_engine if cfg.engine == "auto" else cfg.engine
-    missing = getattr(resolve(ENGINES, engine, "engine"), "sampler_logprobs_missing",
-                      lambda cfg: "it does not declare sampler_logprobs_missing (rpg_ref.interfaces.Engine)")
+    missing = getattr(
+        resolve(ENGINES, engine, "engine"),
+        "sampler_logprobs_missing",
+        lambda cfg: "it does not declare sampler_logprobs_missing (rpg_ref.interfaces.Engine)",
+    )
     why = missing(cfg)
     if why is not None:
         raise ValueError(f"bad configuration: --rollout-correction {mode} needs the sampler's own "
@@ -381,20 +492,26 @@ def check_device(name: str) -> None:
         raise ValueError(f"bad configuration: --device {name}: CUDA is not available here ({why}); "
                          f"use --device cpu (or auto)")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"bad configuration: --device {name}: this machine has "
-                         f"{torch.cuda.device_count()} GPU(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        raise ValueError(
+            f"bad configuration: --device {name}: this machine has "
+            f"{torch.cuda.device_count()} GPU(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})"
+        )
 
 
 def check_output_folder(cfg: Config) -> None:
     """OUT must be a folder we can create or reuse; a new run never writes into another run."""
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"bad configuration: --out {out} exists and is not a folder; choose another --out")
+        raise ValueError(
+            f"bad configuration: --out {out} exists and is not a folder; choose another --out"
+        )
     ancestor = out
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not os.access(ancestor, os.W_OK):
-        raise ValueError(f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out")
+        raise ValueError(
+            f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out"
+        )
     if not cfg.resume and (out / "config.json").exists():
         stored = loads((out / "config.json").read_text())
         diff = sorted(k for k, v in dataclasses.asdict(cfg).items()

@@ -47,7 +47,9 @@ from torch import Tensor, nn
 
 
 def world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    return (
+        dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    )
 
 
 def rank() -> int:
@@ -74,22 +76,34 @@ def check_config(cfg, n_ranks: int | None = None) -> None:
     if cfg.resume:
         stored = checkpoint_world_size(Path(cfg.resume))
         if stored not in (None, W):
-            how = "one process (no torchrun)" if stored == 1 else f"torchrun --nproc_per_node {stored}"
-            raise ValueError(f"--resume {cfg.resume}: its checkpoint was written by {stored} rank(s), "
-                             f"this run has {W}; a run resumes only on the same number: use {how} "
-                             f"(its model.safetensors is the full policy, loadable anywhere)")
+            how = (
+                "one process (no torchrun)"
+                if stored == 1
+                else f"torchrun --nproc_per_node {stored}"
+            )
+            raise ValueError(
+                f"--resume {cfg.resume}: its checkpoint was written by {stored} rank(s), "
+                f"this run has {W}; a run resumes only on the same number: use {how} "
+                f"(its model.safetensors is the full policy, loadable anywhere)"
+            )
     if W == 1:
         return
     N, M = cfg.prompts_per_step * cfg.group_size, cfg.mini_batch_size
     if N % W or M % W:
-        raise ValueError(f"bad configuration: {W} ranks need the batch ({cfg.prompts_per_step} prompts "
-                         f"x {cfg.group_size} = {N} responses) and --mini-batch-size ({M}) divisible "
-                         f"by {W}; change them or --nproc_per_node")
+        raise ValueError(
+            f"bad configuration: {W} ranks need the batch ({cfg.prompts_per_step} prompts "
+            f"x {cfg.group_size} = {N} responses) and --mini-batch-size ({M}) divisible "
+            f"by {W}; change them or --nproc_per_node"
+        )
     if cfg.micro_batch_size and (M // W) % cfg.micro_batch_size:
-        raise ValueError(f"bad configuration: --micro-batch-size {cfg.micro_batch_size} counts responses "
-                         f"per rank and must divide each rank's mini-batch ({M} / {W} ranks = {M // W})")
+        raise ValueError(
+            f"bad configuration: --micro-batch-size {cfg.micro_batch_size} counts responses "
+            f"per rank and must divide each rank's mini-batch ({M} / {W} ranks = {M // W})"
+        )
     if not cfg.dist_timeout > 0:
-        raise ValueError(f"bad configuration: --dist-timeout must be > 0 seconds, got {cfg.dist_timeout}")
+        raise ValueError(
+            f"bad configuration: --dist-timeout must be > 0 seconds, got {cfg.dist_timeout}"
+        )
 
 
 def checkpoint_world_size(out: Path) -> int | None:
@@ -154,7 +168,8 @@ def shard(model: nn.Module | None) -> nn.Module | None:
     fully_shard(model, reshard_after_forward=False)
     for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):
         unit.set_gradient_divide_factor(1.0)  # the gradients' plain SUM over the ranks ...
-        unit.set_force_sum_reduction_for_comms(True)  # ... as a SUM collective (gloo: no PREMUL_SUM)
+        # ... as a SUM collective (gloo: no PREMUL_SUM)
+        unit.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -183,7 +198,9 @@ def _visible_to_fsdp(module, args, out):
     SimpleNamespace output (the bandit's TabularPolicy) becomes a dataclass with the same fields."""
     if not isinstance(out, SimpleNamespace):
         return out
-    cls = _OUTPUT_CLASSES.setdefault(tuple(vars(out)), dataclasses.make_dataclass("Output", list(vars(out))))
+    cls = _OUTPUT_CLASSES.setdefault(
+        tuple(vars(out)), dataclasses.make_dataclass("Output", list(vars(out)))
+    )
     return cls(**vars(out))
 
 
@@ -213,7 +230,11 @@ def gathered(model: nn.Module | None):
     collective (so ranks may sample different numbers of tokens). A no-op for one process."""
     from torch.distributed.fsdp import FSDPModule
 
-    units = [] if model is None or not active() else [m for m in model.modules() if isinstance(m, FSDPModule)]
+    units = (
+        []
+        if model is None or not active()
+        else [m for m in model.modules() if isinstance(m, FSDPModule)]
+    )
     for u in units:
         u.set_reshard_after_forward(False, recurse=False)
         u.unshard()
@@ -250,7 +271,9 @@ def generate_share(engine, prompts: list, G: int, cfg) -> tuple[int, int, list, 
             calls.append(([i], n))
     responses, logprobs = [], []
     for idx, n in calls:
-        g = engine.generate([prompts[i].ids for i in idx], n, cfg.temperature, cfg.top_p, cfg.max_new_tokens)
+        g = engine.generate(
+            [prompts[i].ids for i in idx], n, cfg.temperature, cfg.top_p, cfg.max_new_tokens
+        )
         responses += g.responses
         logprobs = None if logprobs is None or g.logprobs is None else logprobs + g.logprobs
     return lo, hi, responses, logprobs
@@ -386,7 +409,9 @@ def plain_copy(model: nn.Module | None) -> nn.Module | None:
         return model
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sd = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if not is_main():
         return None
     template, tied = _TEMPLATES[id(model)]

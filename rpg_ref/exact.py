@@ -22,7 +22,12 @@ __all__ = ["Autoregressive", "divergence", "expected_loss", "expected_loss_grad"
            "objective_grad"]
 
 
-_DIVERGENCES = {"fkl": kl.forward_kl, "rkl": kl.reverse_kl, "ufkl": kl.forward_ukl, "urkl": kl.reverse_ukl}
+_DIVERGENCES = {
+    "fkl": kl.forward_kl,
+    "rkl": kl.reverse_kl,
+    "ufkl": kl.forward_ukl,
+    "urkl": kl.reverse_ukl,
+}
 
 
 def divergence(div: str, logp_theta: Tensor, logp_ref: Tensor) -> Tensor:
@@ -87,16 +92,20 @@ class Autoregressive:
             raise ValueError(f"need a vocabulary V >= 2 and a length L >= 1, got V={V}, L={L}")
         self.V, self.L = V, L
         self.seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))       # [V^L, L]
-        offset = [(V ** t - 1) // (V - 1) for t in range(L)]                        # first id of length t
+        # first id of length t
+        offset = [(V ** t - 1) // (V - 1) for t in range(L)]
         cols = [torch.full((len(self.seqs),), offset[0], dtype=torch.long)]
         for t in range(1, L):
-            code = (self.seqs[:, :t] * V ** torch.arange(t - 1, -1, -1)).sum(1)    # base-V value of y_<t
+            # base-V value of y_<t
+            code = (self.seqs[:, :t] * V ** torch.arange(t - 1, -1, -1)).sum(1)
             cols.append(offset[t] + code)
-        self.prefix = torch.stack(cols, 1)                                          # [V^L, L] prefix of y_t
+        # [V^L, L] prefix of y_t
+        self.prefix = torch.stack(cols, 1)
         self.n_prefix = (V ** L - 1) // (V - 1)
         flat = self.prefix.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        self._first = order[torch.searchsorted(flat[order], torch.arange(self.n_prefix))]  # one (y, t) per prefix
+        # one (y, t) per prefix
+        self._first = order[torch.searchsorted(flat[order], torch.arange(self.n_prefix))]
 
     def token_logp(self, logits: Tensor) -> Tensor:
         """[V^L, L] log pi(y_t | y_<t) of every response, from a logits table [n_prefix, V]."""
@@ -105,5 +114,6 @@ class Autoregressive:
     def prefix_logp(self, logits: Tensor) -> Tensor:
         """[n_prefix] log-probability that a response starts with each prefix."""
         tok = self.token_logp(logits)
-        before = tok.cumsum(1) - tok                                                # sum_{s<t} log pi(y_s|y_<s)
+        # sum_{s<t} log pi(y_s|y_<s)
+        before = tok.cumsum(1) - tok
         return before.reshape(-1)[self._first]

@@ -1,8 +1,8 @@
 """What a plug-in imports: the data that flows through the trainer and the two protocols.
 
     Prompt      one prompt: token ids + whatever the task's verifier needs
-    Generation  what an engine returns: responses (token ids) and, optionally, the sampler's log-probs
-    Batch       a scored rollout batch as padded tensors (built by ``collate``)
+    Generation  what an engine returns: responses (token ids) and, optionally, the sampler's
+    log-probs Batch       a scored rollout batch as padded tensors (built by ``collate``)
     Task        where prompts, rewards and evaluation come from     (rpg_ref/tasks/)
     Engine      who samples responses                               (rpg_ref/engines/)
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -29,7 +30,8 @@ class Prompt:
 @dataclass
 class Generation:
     responses: list  # N lists of token ids (EOS included when emitted)
-    logprobs: list | None = None  # the sampler's own log-probs of those tokens, when it reports them
+    # the sampler's own log-probs of those tokens, when it reports them
+    logprobs: list | None = None
 
 
 @dataclass
@@ -46,7 +48,8 @@ class Batch:
     old_logp: Tensor | None = None  # [N, T] log pi_old: the only copy of pi_old
     ref_logp: Tensor | None = None  # [N, T] log pi_ref (--ref init only)
     adv: Tensor | None = None  # [N] or [N, T]
-    rollout_weight: Tensor | None = None  # [N, T] or [N] pi_old / pi_sampler (rpg_ref.rollout_correction)
+    # [N, T] or [N] pi_old / pi_sampler (rpg_ref.rollout_correction)
+    rollout_weight: Tensor | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -57,8 +60,12 @@ class Batch:
 
     def index(self, idx) -> Batch:
         """Rows ``idx`` (an index tensor or a slice) of every tensor field."""
-        return Batch(**{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx])
-                        for f in dataclasses.fields(self)})
+        return Batch(
+            **{
+                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx])
+                for f in dataclasses.fields(self)
+            }
+        )
 
     def trimmed(self) -> Batch:
         """The same rows without the columns that are padding in every row: prompt columns left of
@@ -108,6 +115,19 @@ def collate(prompts: list, responses: list, pad_id: int, device, sampler_lp: lis
                 sampler_logp=None if slp is None else slp.to(device))
 
 
+def task_progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar for a task's own long phase (e.g. the seq task's warm start), or None (no tqdm,
+    or progress disabled: then one line says what is running)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print(f"{desc}: {total} steps ...", flush=True)
+        return None
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False)
+
+
 class Task(Protocol):
     """Where prompts, rewards and evaluation come from.
 
@@ -122,7 +142,8 @@ class Task(Protocol):
 
     def __init__(self, cfg, device: torch.device): ...
     def build_policy(self) -> nn.Module:
-        """The trainable policy: module(input_ids, attention_mask, position_ids, logits_to_keep).logits.
+        """The trainable policy: module(input_ids, attention_mask, position_ids,
+        logits_to_keep).logits.
 
         Optional, for speed: a plain Hugging Face causal LM, or a wrapper with ``lm_parts()``
         (rpg_ref.logprobs), gets its log-probs with the LM head applied in chunks; a wrapper that
@@ -139,7 +160,13 @@ class Task(Protocol):
         """Evaluation metrics, logged as eval_<key>."""
 
     def summary(self, policy: nn.Module, cfg) -> dict:
-        """Task-specific entries merged into summary.json."""
+        """Task-specific entries merged into summary.json; writes nothing."""
+
+    def finish(self, policy: nn.Module, out: Path) -> None:
+        """Optional (the loop calls it when the task has it): once, after the last step and before
+        summary.json is written, the task's own artifacts under ``out`` (the math task's Hugging
+        Face export) and the release of what it holds (the math task's answer-checker workers).
+        Under torchrun every rank calls it; ``policy`` is rank 0's full copy, None on the others."""
 
 
 class Engine(Protocol):

@@ -109,11 +109,15 @@ def reverse_kl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool
     return kl(logp_theta, logp_old, dim, logits)
 
 
-def forward_ukl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False) -> Tensor:
+def forward_ukl(
+    logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False
+) -> Tensor:
     """Unnormalized forward KL: UKL(pi_old || pi_theta) (Eq. (3.1) (eq:UFKL))."""
     return ukl(logp_old, logp_theta, dim, logits)
 
 
-def reverse_ukl(logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False) -> Tensor:
+def reverse_ukl(
+    logp_theta: Tensor, logp_old: Tensor, dim: int = -1, logits: bool = False
+) -> Tensor:
     """Unnormalized reverse KL: UKL(pi_theta || pi_old) (Eq. (3.3) (eq:urkl))."""
     return ukl(logp_theta, logp_old, dim, logits)

@@ -19,7 +19,7 @@ Any partition gives the mini-batch gradient when each micro-batch's loss is weig
 (rpg_ref.train.update), so this changes only the cost.
 
 A policy exposes hidden states and head either with a method ``lm_parts() -> LMParts | None``
-(rpg_ref.tasks.math.MathPolicy: the parts of its model, run in its autocast and checkpointing), or
+(rpg_ref.models.policy.HFPolicy: the parts of its model, run in its autocast and checkpointing), or
 by being a plain Hugging Face causal LM whose logits are ``lm_head(last hidden state)`` (Qwen3,
 Llama, ...; not models that rescale or soft-cap their logits). Any other policy (the bandit's
 TabularPolicy) is called for its full logits.

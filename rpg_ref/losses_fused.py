@@ -62,12 +62,14 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
     n_tok = m.sum(1)                                                        # [B]
     n_all = n_tok.sum()
     tok_lw_raw = lp - old                                                   # [B, T] log w per token
-    lr_raw = None if ref is None else lp - ref                              # [B, T] log rho per token
+    # [B, T] log rho per token
+    lr_raw = None if ref is None else lp - ref
     checks = data_checks(mask, n_tok, tok_lw_raw, lr_raw, adv)
 
     # --- units: log w, log rho, log u, ell = -log pi, advantages, weights ---
     tok_lw = tok_lw_raw.clamp(-clamp, clamp)
-    tok_w = m / n_all                                                       # [B, T] token-mean weights
+    # [B, T] token-mean weights
+    tok_w = m / n_all
     if level == "token":
         lw = tok_lw
         lr = lw if ref is None else lr_raw.clamp(-clamp, clamp)
@@ -78,14 +80,20 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
         agg_w = (tok_w if agg == "token-mean" else
                  m / (n_tok[:, None] * B) if agg == "seq-mean-token-mean" else m / B)
     else:
-        lw = (tok_lw_raw * m).sum(1, keepdim=True).clamp(-clamp, clamp)     # [B, 1] whole-response log w
+        # [B, 1] whole-response log w
+        lw = (tok_lw_raw * m).sum(1, keepdim=True).clamp(-clamp, clamp)
         lr = lw if ref is None else (lr_raw * m).sum(1, keepdim=True).clamp(-clamp, clamp)
         lu = None if ref is None else ((ref - old) * m).sum(1, keepdim=True).clamp(-clamp, clamp)
         ell = -(lp * m).sum(1, keepdim=True)                                # [B, 1]
         adv = adv[:, None]                                                  # [B, 1]
         unit_w = torch.full((B, 1), 1.0 / B, dtype=dt, device=lp.device)
-        agg_w = (torch.full((B, 1), 1.0, dtype=dt, device=lp.device) / n_all if agg == "token-mean" else
-                 (1.0 / (n_tok * B))[:, None] if agg == "seq-mean-token-mean" else unit_w)
+        agg_w = (
+            torch.full((B, 1), 1.0, dtype=dt, device=lp.device) / n_all
+            if agg == "token-mean"
+            else (1.0 / (n_tok * B))[:, None]
+            if agg == "seq-mean-token-mean"
+            else unit_w
+        )
     if sample_weight is not None:                   # each unit's term times its constant weight
         sw = sample_weight.to(dt)
         agg_w = agg_w * (sw[:, None] if sw.dim() == 1 else sw)
@@ -101,10 +109,12 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
         grad = -w * (adv - beta * D.score(w, lr, u_w))                   # d(-w A + beta d)/d log pi
         if bounds is None:
             value = -w * adv + beta * kl_u
-        else:                                               # Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip)
+        # Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip)
+        else:
             lo, hi, c = bounds
             g, g_prime = D.per_ratio(lr, u_w)
-            a_hat = adv - beta * g                                          # -w a_hat = -w A + beta d
+            # -w a_hat = -w A + beta d
+            a_hat = adv - beta * g
             cw = w.clamp(lo, hi)
             t1, t2 = -w * a_hat, -cw * a_hat
             clipped = t2 > t1                                               # max(t1, t2) picks t2
@@ -129,7 +139,8 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
             high = pos & (w >= hi)
             low = ~pos & (w <= lo)
             flat = high | low
-            clip_w = w.clamp(lo, hi)                                        # hi on `high`, lo on `low`
+            # hi on `high`, lo on `low`
+            clip_w = w.clamp(lo, hi)
             if c is not None:
                 dual = ~pos & (w >= c)
                 flat = flat | dual
@@ -149,7 +160,8 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
             dual = neg & (-c * adv < value)
             value = torch.where(dual, -c * adv, value)
             grad = torch.where(dual, 0.0, grad)
-        kl_u = D.estimate(w, lr, u)                                         # reported as stats["kl"]
+        # reported as stats["kl"]
+        kl_u = D.estimate(w, lr, u)
         if beta != 0:                                                       # grpo, grpo-corrected
             value = value + beta * kl_u
             grad = grad + beta * w * D.score(w, lr, None)
@@ -160,7 +172,8 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
     stats = {
         "ratio_mean": row_sum(w * unit_w),
         "kl": row_sum(kl_u * unit_w),
-        "kl_old": row_sum((tw * tlw - tw + 1.0) * tok_w),                    # E_old[w log w - w + 1]
+        # E_old[w log w - w + 1]
+        "kl_old": row_sum((tw * tlw - tw + 1.0) * tok_w),
     }
     for key, flag in (("clip_frac_low", low), ("clip_frac_high", high), ("clip_frac_dual", dual)):
         stats[key] = row_sum(flag * unit_w) if flag is not None else zero
@@ -193,12 +206,17 @@ def _use_fused(numel: int, device_type: str) -> bool:
     if device_type not in _NO_FUSION:
         _NO_FUSION[device_type] = _fusion_unavailable(device_type)
         if _NO_FUSION[device_type] and mode == "auto":
-            warnings.warn(f"rpg_ref.losses: cannot fuse the loss kernel on {device_type} "
-                          f"({_NO_FUSION[device_type]}); running it op by op: same numbers, slower. "
-                          f"RPG_REF_COMPILE=0 silences this.", stacklevel=6)
+            warnings.warn(
+                f"rpg_ref.losses: cannot fuse the loss kernel on {device_type} "
+                f"({_NO_FUSION[device_type]}); running it op by op: same numbers, slower. "
+                f"RPG_REF_COMPILE=0 silences this.",
+                stacklevel=6,
+            )
     if _NO_FUSION[device_type] and mode == "1":
-        raise RuntimeError(f"RPG_REF_COMPILE=1 but the loss kernel cannot be fused on {device_type}: "
-                           f"{_NO_FUSION[device_type]}")
+        raise RuntimeError(
+            f"RPG_REF_COMPILE=1 but the loss kernel cannot be fused on {device_type}: "
+            f"{_NO_FUSION[device_type]}"
+        )
     return _NO_FUSION[device_type] is None
 
 

@@ -7,10 +7,12 @@ bar, and the memory probes.
     accuracy               fraction of responses the task's verifier marks correct
     entropy                token-mean entropy of pi_old (temperature-scaled) on the response tokens
     response_len           mean response length in tokens (EOS included)
-    kl_old                 mean over mini-batches of stats["kl_old"], token-level KL(pi_theta||pi_old)
-    kl_old_last            the running estimate (window = one pass) when the inner loop ended
-    kl_ref                 token-mean k3 estimate of KL(pi_old || pi_ref) at rollout (0: iterative ref)
-    kl_loss                mean over mini-batches of stats["kl"], the loss's own divergence estimate
+    kl_old                 mean over mini-batches of stats["kl_old"], token-level
+    KL(pi_theta||pi_old) kl_old_last            the running estimate (window = one pass) when the
+    inner loop ended
+    kl_ref                 token-mean k3 estimate of KL(pi_old || pi_ref) at rollout (0: iterative
+    ref) kl_loss                mean over mini-batches of stats["kl"], the loss's own divergence
+    estimate
     clip_frac_low/high/dual mean fractions of units clipped by the low / high / dual bound
     ratio_mean             mean importance ratio w over the mini-batches
     loss                   mean loss value over the mini-batches that were stepped
@@ -19,12 +21,14 @@ bar, and the memory probes.
     lr                     learning rate used this step
     logprob_diff_max       max |sampler log-prob - recomputed log-prob| (engines that report them)
     rc_weight_mean         --rollout-correction tis|mis: mean weight min(r, C) or r 1{r <= C} over
-                           units (tokens or responses), r = pi_old / pi_sampler (rpg_ref.rollout_correction)
+                           units (tokens or responses), r = pi_old / pi_sampler
+                           (rpg_ref.rollout_correction)
     rc_capped_frac         fraction of units with r > C (truncated to C by tis, weight 0 by mis)
     rc_log_ratio_max       max |log r| over units (0 when the sampler is exactly pi_old)
     rc_ess                 effective sample size fraction of the weights, (sum w)^2 / (n sum w^2)
-    dyn_rounds, dyn_kept   DAPO dynamic sampling: generation rounds, groups with non-constant rewards
-    dyn_filled             1 if the batch was filled with informative groups, 0 if the cap was hit
+    dyn_rounds, dyn_kept   DAPO dynamic sampling: generation rounds, groups with non-constant
+    rewards dyn_filled             1 if the batch was filled with informative groups, 0 if the cap
+    was hit
     gen_tokens_per_s       generated tokens / rollout seconds
     train_tokens_per_s     response tokens processed by the optimizer loop / update seconds
     time_rollout, time_scoring, time_logprob, time_update, time_step   seconds per phase
@@ -49,7 +53,8 @@ from rpg_ref.strict_json import dumps, loads
 
 
 class MetricsLog:
-    """OUT/metrics.jsonl (+ TensorBoard). On resume, rows after the checkpoint's step are dropped."""
+    """OUT/metrics.jsonl (+ TensorBoard). On resume, rows after the checkpoint's step are
+    dropped."""
 
     def __init__(self, out: Path, start_step: int, tensorboard: bool):
         self.path = out / "metrics.jsonl"
@@ -111,25 +116,14 @@ class Progress:
             self.bar.set_postfix(msg)
             self.bar.update(1)
         elif self.enabled:
-            print(f"step {step}/{total} " + " ".join(f"{k}={v}" for k, v in msg.items()), flush=True)
+            print(
+                f"step {step}/{total} " + " ".join(f"{k}={v}" for k, v in msg.items()), flush=True
+            )
 
     def close(self):
         if self.bar is not None:
             self.bar.set_description_str("rpg-train", refresh=False)
             self.bar.close()
-
-
-def task_progress(total: int, desc: str, enabled: bool):
-    """A tqdm bar for a task's own long phase (e.g. the seq task's warm start), or None (no tqdm,
-    or progress disabled: then one line says what is running)."""
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        print(f"{desc}: {total} steps ...", flush=True)
-        return None
-    return tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False)
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -146,7 +140,8 @@ def peak_memory_mb(device: torch.device) -> float:
                 return int(line.split()[1]) / 1024  # kB
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; elsewhere approx.
+    # Linux: KiB; elsewhere approx.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def live_parameter_count() -> int:

@@ -37,7 +37,9 @@ def read_run(folder: Path) -> list[dict]:
     path = folder / "metrics.jsonl"
     if not path.is_file():
         why = "no such folder" if not folder.exists() else "no metrics.jsonl in it"
-        raise ValueError(f"{folder}: {why} (pass rpg-train output folders, e.g. runs/seq-rpg-reinforce-urkl-s0)")
+        raise ValueError(
+            f"{folder}: {why} (pass rpg-train output folders, e.g. runs/seq-rpg-reinforce-urkl-s0)"
+        )
     text = path.read_text()
     rows = [loads(ln) for ln in text[: text.rfind("\n") + 1].splitlines() if ln.strip()]
     if not rows:
@@ -104,7 +106,7 @@ def plot(runs: dict[str, list[dict]], out: Path, window: int | None = None) -> P
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), constrained_layout=True)
     for ax, (title, keys, ylabel) in zip(axes.flat, PANELS):
-        for i, (label, rows) in enumerate(runs.items()):
+        for i, rows in enumerate(runs.values()):
             color = colors[i % len(colors)]
             w = window or max(1, len(rows) // 20)
             for key in keys:
@@ -151,8 +153,12 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("runs", nargs="+", metavar="RUN", help="rpg-train output folders")
     ap.add_argument("--out", default="rpg-plot.png", help="image file (default rpg-plot.png; .png, "
                     ".pdf or .svg)")
-    ap.add_argument("--smooth", type=int, default=0, help="trailing-mean window in steps (0 = about "
-                    "1/20 of each run; 1 = raw values)")
+    ap.add_argument(
+        "--smooth",
+        type=int,
+        default=0,
+        help="trailing-mean window in steps (0 = about 1/20 of each run; 1 = raw values)",
+    )
     a = ap.parse_args(argv)
     if a.smooth < 0:
         print("rpg-plot: --smooth must be >= 0", file=sys.stderr)

@@ -26,7 +26,9 @@ def resolve(registry: dict, name: str, kind: str, quiet: bool = False):
     if name not in registry:
         if quiet:
             return None
-        raise ValueError(f"bad configuration: unknown {kind} {name!r}; valid: {', '.join(registry)}")
+        raise ValueError(
+            f"bad configuration: unknown {kind} {name!r}; valid: {', '.join(registry)}"
+        )
     obj = registry[name]
     if isinstance(obj, str):
         module, _, cls = obj.partition(":")

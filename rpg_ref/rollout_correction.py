@@ -38,8 +38,10 @@ def check_options(mode: str, level: str, cap: float) -> None:
     if level not in LEVELS:
         raise ValueError(f"rollout correction level must be one of {LEVELS}, got {level!r}")
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1:
-        raise ValueError(f"rollout correction cap must be a number >= 1 (inf: no cap), got {cap!r}; "
-                         f"a cap below 1 would shrink samples the sampler drew exactly as pi_old")
+        raise ValueError(
+            f"rollout correction cap must be a number >= 1 (inf: no cap), got {cap!r}; "
+            f"a cap below 1 would shrink samples the sampler drew exactly as pi_old"
+        )
 
 
 def importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, mode: str,
@@ -73,10 +75,8 @@ def _weights(old_logp, sampler_logp, mask, mode, level, cap):
             log_r, m = log_r.sum(1), torch.ones(m.shape[0], dtype=dt, device=m.device)  # [B]
         r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
         over = (r > cap) & (m > 0)
-        if mode == "tis":
-            w = r.clamp(max=cap)                                            # min(r, C)
-        else:
-            w = torch.where(over, 0.0, r)                                   # r 1{r <= C}
+        # tis: min(r, C); mis: r 1{r <= C}
+        w = r.clamp(max=cap) if mode == "tis" else torch.where(over, 0.0, r)
         w = w * m                                                           # 0 at padding
         w64 = w.double()                                                    # sums in float64
         sums = {"n": float(m.sum()), "w": float(w64.sum()), "w2": float((w64 * w64).sum()),

@@ -17,7 +17,8 @@ NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 def encode(obj: Any) -> Any:
-    """``obj`` with every non-finite float replaced by "inf", "-inf" or "nan" (nested dicts, lists)."""
+    """``obj`` with every non-finite float replaced by "inf", "-inf" or "nan" (nested dicts,
+    lists)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from rpg_ref import distributed as D
 from rpg_ref.advantages import compute_advantages
@@ -52,22 +52,12 @@ from rpg_ref.losses import LOSSES, LossOptions
 from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.rollout_correction import weights_for_batch
+from rpg_ref.shaping import overlong_penalty
 from rpg_ref.strict_json import dumps, loads
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
 # =============================================================================================
-
-
-def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float) -> Tensor:
-    """DAPO soft overlong punishment: 0 up to max_len - buffer, then linear down to -penalty at
-    max_len (penalty times rpg_ref.math_reward.overlong_penalty, the one implementation)."""
-    if buffer == 0:
-        return torch.zeros_like(lengths, dtype=torch.float)
-    from rpg_ref.math_reward import overlong_penalty as r_length  # lazy: that module imports sympy
-
-    r = [penalty * r_length(n, max_len, buffer) for n in lengths.tolist()]
-    return torch.tensor(r, dtype=torch.float, device=lengths.device)  # [N]
 
 
 def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Batch, dict]:
@@ -77,15 +67,22 @@ def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Ba
     G, rounds_cap = cfg.group_size, cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else 1
     kept, dropped, rounds, t_gen, t_score, n_tok = [], [], 0, 0.0, 0.0, 0
     while len(kept) < cfg.prompts_per_step and rounds < rounds_cap:
-        prompts = task.sample_prompts(cfg.prompts_per_step - len(kept), gen)  # the same on every rank
+        # the same on every rank
+        prompts = task.sample_prompts(cfg.prompts_per_step - len(kept), gen)
         t0 = time.perf_counter()
         lo, hi, resp, lps = D.generate_share(engine, prompts, G, cfg)  # this rank's [lo, hi) of n*G
         t1 = time.perf_counter()
-        r, correct = (task.reward([prompts[k // G] for k in range(lo, hi)], resp) if resp else
-                      (torch.zeros(0, device=device), torch.zeros(0, dtype=torch.bool, device=device)))
+        r, correct = (
+            task.reward([prompts[k // G] for k in range(lo, hi)], resp)
+            if resp
+            else (torch.zeros(0, device=device), torch.zeros(0, dtype=torch.bool, device=device))
+        )
         lengths = torch.tensor([len(x) for x in resp], device=r.device)
-        r = r + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
-        r, correct, tok, has_lp = D.gather_scores(r, correct, int(lengths.sum()), lps is not None)  # [n*G]
+        r = r + overlong_penalty(
+            lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+        )
+        # [n*G]
+        r, correct, tok, has_lp = D.gather_scores(r, correct, int(lengths.sum()), lps is not None)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
         rounds, n_tok = rounds + 1, n_tok + tok
         pad = ([None] * lo, [None] * (len(prompts) * G - hi))  # responses that other ranks sampled
@@ -163,7 +160,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
             mstats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
             # padding cut per micro-batch; every rank runs as many (FSDP's collectives are per pass)
             for ub, live in D.even_micro_batches(micro_batches(mb, mu, cfg.micro_batch_tokens)):
-                logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)  # [mu, T']
+                # [mu, T']
+                logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)
                 loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
                                       sample_weight=ub.rollout_weight, options=loss_opts)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
@@ -180,7 +178,9 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
                 early = True
                 opt.zero_grad(set_to_none=True)
                 break
-            gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            gn = torch.nn.utils.clip_grad_norm_(
+                params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+            )
             opt.step()
             n_upd += 1
             train_tokens += int(mb.mask.sum())
@@ -196,7 +196,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
 
 
 def lr_at(step: int, cfg: Config) -> float:
-    """Learning rate for training step ``step`` (1-based): linear warm-up, then constant or cosine."""
+    """Learning rate for training step ``step`` (1-based): linear warm-up, then constant or
+    cosine."""
     if step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
     if cfg.lr_decay == "cosine":
@@ -245,7 +246,8 @@ def prepare(cfg: Config) -> Run:
         policy = task.build_policy().to(device)
     finally:
         torch.set_default_dtype(previous_dtype)
-    policy.eval()  # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
+    # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
+    policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
     engine = resolve(ENGINES, cfg.engine, "engine")(policy, task, cfg)
     policy, ref = D.shard(policy), D.shard(ref)  # FSDP2 under torchrun: 1/world of each per rank
@@ -313,7 +315,8 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             compute_advantages, resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m,
             old_logp=batch.old_logp, beta=loss_opts.reward_beta,
             ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
-        rc_stats = weights_for_batch(batch, cfg)  # --rollout-correction: pi_old / pi_sampler weights
+        # --rollout-correction: pi_old / pi_sampler weights
+        rc_stats = weights_for_batch(batch, cfg)
         t_lp = time.perf_counter() - t0
 
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
@@ -326,7 +329,9 @@ def train(cfg: Config, run: Run | None = None) -> dict:
 
         # --- 7. metrics (keys explained in rpg_ref/metrics.py) and checkpoint ---
         n_tok = m.sum()  # every value is over all ranks' rows (D.ratio, D.mean, D.reduce_*)
-        kl_ref = 0.0 if ref is None else D.ratio((k3(batch.ref_logp - batch.old_logp) * m).sum(), n_tok)
+        kl_ref = (
+            0.0 if ref is None else D.ratio((k3(batch.ref_logp - batch.old_logp) * m).sum(), n_tok)
+        )
         row = {"step": step, "reward": D.mean(batch.rewards),
                "accuracy": D.mean(batch.correct.float()),
                "entropy": D.ratio((ent * m).sum(), n_tok), "response_len": D.mean(m.sum(1)),
@@ -361,12 +366,15 @@ def train(cfg: Config, run: Run | None = None) -> dict:
 
     if live_params is None:
         live_params = live_parameter_count()
-    plain = D.plain_copy(policy)  # torchrun: rank 0 summarizes (and may export) a plain copy
+    # torchrun: rank 0 summarizes and exports a plain copy (others: None)
+    plain = D.plain_copy(policy)
     task_summary = D.on_main(lambda: task.summary(plain, cfg))
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params, "world_size": D.world(),
                "wall_time_s_this_process": time.perf_counter() - t_run, **task_summary}
+    if hasattr(task, "finish"):  # the task's last artifacts; summary.json then marks the run done
+        task.finish(plain, out)
     if D.is_main():
         atomic_write(out / "summary.json", dumps(summary, indent=1))
     return summary

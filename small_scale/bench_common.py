@@ -20,9 +20,11 @@ DEVICES = ("cuda", "cpu")
 
 def model_config(name: str, folder: Path) -> Path:
     """config.json of a benchmark model: one of shared/data/models (SHARED_MODELS), or TINY
-    (rpg_ref.math_data.tiny_qwen3_config) written into ``folder``: the model a CPU runs the GPU
-    benchmarks' whole pipeline with in seconds."""
-    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+    (rpg_ref.math.tiny_model) written into ``folder``: the model a CPU runs the GPU benchmarks'
+    whole
+    pipeline with in seconds."""
+    from rpg_ref.math.data import data_dir
+    from rpg_ref.math.tiny_model import tiny_qwen3_config
 
     if name in SHARED_MODELS:
         return data_dir() / "models" / name / "config.json"
@@ -51,7 +53,9 @@ def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name(0)
     cpu = platform.processor() or platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+    for line in (
+        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    ):
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
@@ -122,7 +126,10 @@ def ratio_rows(ours: dict, trl: dict, metrics: list[tuple[str, str, str]]) -> li
         v = r[k]
         return statistics.median(v) if isinstance(v, list) else v
 
-    out = ["| metric | rpg-train | TRL GRPOTrainer (beta>0) | ratio rpg-train/TRL |", "|---|---|---|---|"]
+    out = [
+        "| metric | rpg-train | TRL GRPOTrainer (beta>0) | ratio rpg-train/TRL |",
+        "|---|---|---|---|",
+    ]
     for label, key, fmt in metrics:
         a, b = value(ours, key), value(trl, key)
         out.append(f"| {label} | {a:{fmt}} | {b:{fmt}} | {a / b:.2f} |")

@@ -4,7 +4,7 @@ to vLLM. Runs where vLLM is installed (on a CPU: the .venv-vllm of docs/vllm.md)
 
     VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python small_scale/bench_engines.py
 
-Models: "tiny" (rpg_ref.math_data.tiny_qwen3_config: 2 layers, width 64, real vocabulary) and
+Models: "tiny" (rpg_ref.math.tiny_model.tiny_qwen3_config: 2 layers, width 64, real vocabulary) and
 "0.6b-4l" (Qwen3-0.6B's shared config with 4 of its 28 layers: width 1024, 0.2B parameters),
 random weights in float32. Every response runs to --new-tokens (no EOS), sampled at temperature 1;
 each engine generates the batch once untimed (warm-up), then once timed.
@@ -28,7 +28,8 @@ def build_model(name: str):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+    from rpg_ref.math.data import data_dir
+    from rpg_ref.math.tiny_model import tiny_qwen3_config
     if name == "tiny":
         d = tiny_qwen3_config()
     else:
@@ -73,13 +74,25 @@ def run(model_name: str, args) -> dict:
         from rpg_ref.interfaces import left_pad
         ids, am = left_pad(prompts, 0, "cpu")
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=am, do_sample=True, temperature=1.0, top_p=1.0,
-                                 top_k=0, max_new_tokens=T, min_new_tokens=T, num_return_sequences=G,
-                                 pad_token_id=0, eos_token_id=None)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=am,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=T,
+                min_new_tokens=T,
+                num_return_sequences=G,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
         assert out.shape == (len(prompts) * G, ids.shape[1] + T)
     secs["transformers generate"] = timed(plain)
 
-    vllm = VLLMEngine(model, task, NS(seed=0, engine_options={"max_model_len": args.prompt_max + T}))
+    vllm = VLLMEngine(
+        model, task, NS(seed=0, engine_options={"max_model_len": args.prompt_max + T})
+    )
     try:
         secs["vLLM engine"] = timed(lambda: vllm.generate(prompts, G, 1.0, 1.0, T))
     finally:
@@ -112,15 +125,22 @@ def main(argv=None) -> int:
 
     from small_scale.bench_common import device_name
     results = [run(m, args) for m in args.models]
-    print(f"\n{device_name('cpu')}; {args.prompts} prompts of {args.prompt_min}-{args.prompt_max} tokens x "
-          f"{args.group} responses x {args.new_tokens} new tokens, float32, torch {torch.__version__}\n")
+    print(
+        f"\n{device_name('cpu')}; {args.prompts} prompts of {args.prompt_min}-{args.prompt_max} "
+        "tokens x "
+        f"{args.group} responses x {args.new_tokens} new tokens, float32, torch "
+        f"{torch.__version__}\n"
+    )
     print("| model | engine | seconds | tokens/s | vs vLLM |")
     print("|---|---|---|---|---|")
     for r in results:
         base = r["tokens"] / r["seconds"]["vLLM engine"]
         for engine, s in r["seconds"].items():
             rate = r["tokens"] / s
-            print(f"| {r['model']} ({r['params'] / 1e6:.0f}M) | {engine} | {s:.1f} | {rate:.0f} | {rate / base:.2f}x |")
+            print(
+                f"| {r['model']} ({r['params'] / 1e6:.0f}M) | {engine} | {s:.1f} | {rate:.0f} | "
+                f"{rate / base:.2f}x |"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0

@@ -1,8 +1,9 @@
 """Benchmark on one GPU: rpg-train (math task, HF engine) vs TRL's GRPOTrainer, the same settings.
 
-    python small_scale/bench_gpu_vs_trl.py                         # Qwen3-0.6B, 4 prompts x 8, 256 tokens
-    python small_scale/bench_gpu_vs_trl.py --model qwen3-1.7b --max-new-tokens 1024 --steps 4
-    python small_scale/bench_gpu_vs_trl.py --device cpu            # no GPU: the pipeline, tiny model
+    python small_scale/bench_gpu_vs_trl.py                         # Qwen3-0.6B, 4 prompts x 8, 256
+    tokens python small_scale/bench_gpu_vs_trl.py --model qwen3-1.7b --max-new-tokens 1024 --steps 4
+    python small_scale/bench_gpu_vs_trl.py --device cpu            # no GPU: the pipeline, tiny
+    model
 
 Not a test: it prints a table of ratios measured in one run. Needs a CUDA GPU and the bench extra
 (``pip install 'rpg-ref[bench]'``: trl, psutil); without them it stops with one line (exit 2).
@@ -16,7 +17,7 @@ Both trainers get:
     and saved in fp32 with save_pretrained, with the shared Qwen3 tokenizer;
   - the same problems: the first prompts x (steps + 1) deepmath_int problems, through the chat
     template with the paper's "Answer:" instruction (rpg-train reads them as its training set;
-    TRL gets the templated text), and the same answer checker as reward (rpg_ref.math_reward);
+    TRL gets the templated text), and the same answer checker as reward (rpg_ref.math.reward);
   - the same batch (--prompts x --group responses per rollout), response length
     (--max-new-tokens; random weights never emit EOS, so every response has that length),
     --updates optimizer steps per rollout batch, lr 1e-6, temperature 1, top-p 1;
@@ -75,27 +76,77 @@ def check(s: dict) -> str | None:
     if s["prompts"] < 1 or s["group"] < 2 or s["updates"] < 1 or s["max_new_tokens"] < 1:
         return "need --prompts >= 1, --group >= 2, --updates >= 1, --max-new-tokens >= 1"
     if (s["prompts"] * s["group"]) % s["updates"]:
-        return f"{s['prompts']} x {s['group']} responses do not split into {s['updates']} optimizer steps"
+        return (f"{s['prompts']} x {s['group']} responses do not split into {s['updates']} "
+                "optimizer steps")
     if not s["beta"] > 0:
         return "TRL is compared with its reference model: need --beta > 0"
     return None
 
 
-# ---------------------------------------------------------------------------- the two configurations
+# --------------------------------------------------------------------------- the two configurations
 def ours_argv(s: dict, out: Path, model_dir: Path, problems: Path) -> list:
     """rpg-train's flags for the comparison (a valid configuration: tests/test_gpu_bench.py)."""
     batch = s["prompts"] * s["group"]
-    return ["--task", "math", "--engine", "hf", "--device", s["device"], "--out", str(out),
-            "--algo", "rpg-reinforce-urkl", "--ref", "iterative", "--beta", str(s["beta"]),
-            "--math-model", str(model_dir), "--math-tokenizer", str(model_dir),
-            "--math-train-data", str(problems), "--math-dtype", "bf16-autocast",
-            "--math-gradient-checkpointing", "--math-eval-n", "0", "--no-math-export",
-            "--steps", str(s["steps"]), "--prompts-per-step", str(s["prompts"]),
-            "--group-size", str(s["group"]), "--mini-batch-size", str(batch // s["updates"]),
-            "--micro-batch-size", "0", "--micro-batch-tokens", "16384", "--hf-chunk", "auto",
-            "--max-new-tokens", str(s["max_new_tokens"]), "--temperature", "1.0", "--top-p", "1.0",
-            "--overlong-buffer", "0", "--no-dynamic-sampling", "--lr", str(s["lr"]),
-            "--weight-decay", "0.0", "--grad-clip", "1.0", "--seed", str(s["seed"]), "--no-progress"]
+    return [
+        "--task",
+        "math",
+        "--engine",
+        "hf",
+        "--device",
+        s["device"],
+        "--out",
+        str(out),
+        "--algo",
+        "rpg-reinforce-urkl",
+        "--ref",
+        "iterative",
+        "--beta",
+        str(s["beta"]),
+        "--math-model",
+        str(model_dir),
+        "--math-tokenizer",
+        str(model_dir),
+        "--math-train-data",
+        str(problems),
+        "--math-dtype",
+        "bf16-autocast",
+        "--math-gradient-checkpointing",
+        "--math-eval-n",
+        "0",
+        "--no-math-export",
+        "--steps",
+        str(s["steps"]),
+        "--prompts-per-step",
+        str(s["prompts"]),
+        "--group-size",
+        str(s["group"]),
+        "--mini-batch-size",
+        str(batch // s["updates"]),
+        "--micro-batch-size",
+        "0",
+        "--micro-batch-tokens",
+        "16384",
+        "--hf-chunk",
+        "auto",
+        "--max-new-tokens",
+        str(s["max_new_tokens"]),
+        "--temperature",
+        "1.0",
+        "--top-p",
+        "1.0",
+        "--overlong-buffer",
+        "0",
+        "--no-dynamic-sampling",
+        "--lr",
+        str(s["lr"]),
+        "--weight-decay",
+        "0.0",
+        "--grad-clip",
+        "1.0",
+        "--seed",
+        str(s["seed"]),
+        "--no-progress",
+    ]
 
 
 def trl_config(s: dict, out: Path) -> dict:
@@ -116,8 +167,12 @@ def trl_config(s: dict, out: Path) -> dict:
 def compare(ours: dict, trl: dict) -> dict:
     """The headline ratios: speed-up (TRL's median step time / ours) and memory (ours / TRL's)."""
     t_ours, t_trl = statistics.median(ours["step_s"]), statistics.median(trl["step_s"])
-    return {"speedup_vs_trl": t_trl / t_ours, "peak_memory_ratio": ours["peak_gib"] / trl["peak_gib"],
-            "step_s_ours": t_ours, "step_s_trl": t_trl}
+    return {
+        "speedup_vs_trl": t_trl / t_ours,
+        "peak_memory_ratio": ours["peak_gib"] / trl["peak_gib"],
+        "step_s_ours": t_ours,
+        "step_s_trl": t_trl,
+    }
 
 
 # ---------------------------------------------------------------------------- the workers
@@ -126,17 +181,22 @@ def prepare(s: dict, out: Path) -> tuple[Path, Path]:
     import torch
     from transformers import AutoTokenizer
 
-    from rpg_ref.math_data import data_dir, load_problems
-    from rpg_ref.tasks.math import load_hf_model
+    from rpg_ref.math.data import data_dir, load_problems
+    from rpg_ref.models.load import load_hf_model
 
     model_dir, problems = out / "model", out / "problems.jsonl"
     if not (model_dir / "config.json").exists():
         torch.manual_seed(s["seed"])
         load_hf_model(str(model_config(s["model"], out))).save_pretrained(model_dir)
-        AutoTokenizer.from_pretrained(str(data_dir() / "tokenizer" / "qwen3")).save_pretrained(model_dir)
+        AutoTokenizer.from_pretrained(str(data_dir() / "tokenizer" / "qwen3")).save_pretrained(
+            model_dir
+        )
     rows = load_problems("deepmath_int", limit=s["prompts"] * (s["steps"] + 1))
-    problems.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n"
-                                for p in rows))
+    problems.write_text(
+        "".join(
+            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in rows
+        )
+    )
     return model_dir, problems
 
 
@@ -158,8 +218,8 @@ def run_trl(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rpg_ref.math_data import load_problems
-    from rpg_ref.math_reward import MathReward, chat_prompt
+    from rpg_ref.math.data import load_problems
+    from rpg_ref.math.reward import MathReward, chat_prompt
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     data = [{"prompt": chat_prompt(tok, p.problem), "answer": p.answer}
@@ -170,9 +230,14 @@ def run_trl(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
         return scorer(list(completions), list(answer))[0]
 
     stamps = []
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=GRPOConfig(**trl_config(s, out / "trl")),
-                          train_dataset=Dataset.from_list(data), processing_class=tok,
-                          callbacks=[step_timer(stamps)])
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=reward,
+        args=GRPOConfig(**trl_config(s, out / "trl")),
+        train_dataset=Dataset.from_list(data),
+        processing_class=tok,
+        callbacks=[step_timer(stamps)],
+    )
     if trainer.ref_model is None:
         raise RuntimeError("TRL with beta > 0 should hold a reference model")
     trainer.train()
@@ -184,11 +249,19 @@ def run_trl(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
 
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=DEVICES, default="cuda",
-                    help="cuda (what it measures) or cpu (the same comparison: a check that it runs)")
-    ap.add_argument("--model", choices=[*SHARED_MODELS, TINY], help="a folder of shared/data/models, or "
-                    f"{TINY}; the defaults of this and the next five: " + "; ".join(
-                        f"{dev}: {d}" for dev, d in DEFAULTS.items()))
+    ap.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cuda",
+        help="cuda (what it measures) or cpu (the same comparison: a check that it runs)",
+    )
+    ap.add_argument(
+        "--model",
+        choices=[*SHARED_MODELS, TINY],
+        help="a folder of shared/data/models, or "
+        f"{TINY}; the defaults of this and the next five: "
+        + "; ".join(f"{dev}: {d}" for dev, d in DEFAULTS.items()),
+    )
     ap.add_argument("--prompts", type=int)
     ap.add_argument("--group", type=int)
     ap.add_argument("--updates", type=int, help="optimizer steps per rollout batch")
@@ -234,10 +307,19 @@ def main(argv: list | None = None) -> int:
         print(row)
     print(f"\nspeed-up (TRL step time / ours): {r['speedup_vs_trl']:.2f}x; peak memory ours/TRL: "
           f"{r['peak_memory_ratio']:.2f}")
-    (out / "result.json").write_text(json.dumps({"command": "python small_scale/bench_gpu_vs_trl.py "
-                                                 + " ".join(passed), "settings": s,
-                                                 "device": device, **r,
-                                                 "ours": ours, "trl": trl_}, indent=1))
+    (out / "result.json").write_text(
+        json.dumps(
+            {
+                "command": "python small_scale/bench_gpu_vs_trl.py " + " ".join(passed),
+                "settings": s,
+                "device": device,
+                **r,
+                "ours": ours,
+                "trl": trl_,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -269,9 +269,12 @@ def main() -> None:
 
     n_params = sum(t.numel() for t in load_file(str(out / "model" / "model.safetensors")).values())
     print(
-        f"\nseq task, Qwen3 with {n_params / 1e6:.2f}M parameters, {COMMON['prompts']} prompts x {COMMON['group']} responses, "
-        f"{COMMON['max_new_tokens']} new tokens, 4 optimizer steps per rollout batch, beta={COMMON['beta']}, "
-        f"CPU fp32, 1 thread; TRL {trl_['trl_version']}; medians over {len(ours['step_s'])} (ours) / "
+        f"\nseq task, Qwen3 with {n_params / 1e6:.2f}M parameters, {COMMON['prompts']} prompts x "
+        f"{COMMON['group']} responses, "
+        f"{COMMON['max_new_tokens']} new tokens, 4 optimizer steps per rollout batch, "
+        f"beta={COMMON['beta']}, "
+        f"CPU fp32, 1 thread; TRL {trl_['trl_version']}; medians over {len(ours['step_s'])} "
+        "(ours) / "
         f"{len(trl_['step_s'])} (TRL) steps\n"
     )
     for r in ratio_rows(ours, trl_, [("seconds per training step (median)", "step_s", ".3f"),

@@ -1,7 +1,8 @@
 """GPU benchmark of `rpg-train --task math`: Qwen3-0.6B / 1.7B / 4B with the HF engine.
 
-    python small_scale/gpu_bench.py                       # quick: the three models, writes small_scale/results/gpu.json
-    python small_scale/gpu_bench.py --mode full           # 2,048-token responses, one more step
+    python small_scale/gpu_bench.py                       # quick: the three models, writes
+    small_scale/results/gpu.json python small_scale/gpu_bench.py --mode full           # 2,048-token
+    responses, one more step
     python small_scale/gpu_bench.py --models qwen3-4b --max-new-tokens 8192 --mode full
     python small_scale/gpu_bench.py --device cpu          # no GPU: the whole pipeline, tiny model
 
@@ -94,7 +95,9 @@ def peak_bf16_tflops(device_name: str) -> float:
     raise ValueError(f"no known bf16 peak for GPU {device_name!r}: pass --peak-tflops")
 
 
-def step_flops(n_params: int, train_tokens: float, logprob_tokens: float, gen_tokens: float) -> dict:
+def step_flops(
+    n_params: int, train_tokens: float, logprob_tokens: float, gen_tokens: float
+) -> dict:
     """Model FLOPs of one step by phase (module docstring): 6N per trained token, 2N per
     log-prob-pass token and per generated token."""
     for name, v in (("n_params", n_params), ("train_tokens", train_tokens),
@@ -108,7 +111,8 @@ def step_flops(n_params: int, train_tokens: float, logprob_tokens: float, gen_to
 
 
 def mfu(flops: float, seconds: float, peak_tflops: float | None) -> float | None:
-    """Achieved FLOP/s over the peak: flops / (seconds * peak_tflops * 1e12); None without a peak."""
+    """Achieved FLOP/s over the peak: flops / (seconds * peak_tflops * 1e12); None without a
+    peak."""
     if peak_tflops is None:
         return None
     if not (seconds > 0 and peak_tflops > 0):
@@ -151,15 +155,48 @@ def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float | 
 def train_argv(name: str, args, out: Path, config: Path) -> list:
     """rpg-train's flags for one model (``config``: its config.json)."""
     batch = args.prompts * args.group
-    return ["--task", "math", "--engine", "hf", "--device", args.device, "--out", str(out),
-            "--math-model", str(config),
-            "--math-dtype", "bf16-autocast", "--math-eval-n", "0", "--no-math-export",
-            "--math-gradient-checkpointing" if CHECKPOINTING[name] else "--no-math-gradient-checkpointing",
-            "--steps", str(args.steps), "--prompts-per-step", str(args.prompts),
-            "--group-size", str(args.group), "--mini-batch-size", str(batch // args.updates),
-            "--micro-batch-size", "0", "--micro-batch-tokens", str(MICRO_BATCH_TOKENS[name]),
-            "--hf-chunk", "auto", "--max-new-tokens", str(args.max_new_tokens),
-            "--overlong-buffer", "0", "--no-dynamic-sampling", "--lr", "1e-6", "--no-progress"]
+    return [
+        "--task",
+        "math",
+        "--engine",
+        "hf",
+        "--device",
+        args.device,
+        "--out",
+        str(out),
+        "--math-model",
+        str(config),
+        "--math-dtype",
+        "bf16-autocast",
+        "--math-eval-n",
+        "0",
+        "--no-math-export",
+        "--math-gradient-checkpointing"
+        if CHECKPOINTING[name]
+        else "--no-math-gradient-checkpointing",
+        "--steps",
+        str(args.steps),
+        "--prompts-per-step",
+        str(args.prompts),
+        "--group-size",
+        str(args.group),
+        "--mini-batch-size",
+        str(batch // args.updates),
+        "--micro-batch-size",
+        "0",
+        "--micro-batch-tokens",
+        str(MICRO_BATCH_TOKENS[name]),
+        "--hf-chunk",
+        "auto",
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--overlong-buffer",
+        "0",
+        "--no-dynamic-sampling",
+        "--lr",
+        "1e-6",
+        "--no-progress",
+    ]
 
 
 def resolve_mode(args) -> None:
@@ -182,7 +219,9 @@ def run_one(name: str, args, result_file: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=f"gpu-bench-{name}-") as tmp:
         cfg = parse_config(train_argv(name, args, Path(tmp) / "run", model_config(name, Path(tmp))))
         s = train.train(cfg)
-        rows = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
     res = summarize(rows, s["model_params"], args.prompts * args.group, args.peak_tflops)
     res.update(params=s["model_params"], raw_steps=rows, device=device_name(args.device))
     result_file.write_text(json.dumps(res))
@@ -194,13 +233,19 @@ def main(argv: list | None = None) -> int:
                     help="cuda (what it measures) or cpu (the same pipeline: a check that it runs)")
     ap.add_argument("--models", nargs="+", choices=MODELS,
                     help=f"default: {' '.join(SHARED_MODELS)} on cuda, {TINY} on cpu")
-    ap.add_argument("--mode", choices=list(MODES), help="preset of the settings below (default: "
-                    "quick on cuda, smoke on cpu): " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    ap.add_argument(
+        "--mode",
+        choices=list(MODES),
+        help="preset of the settings below (default: "
+        "quick on cuda, smoke on cpu): " + "; ".join(f"{k}: {v}" for k, v in MODES.items()),
+    )
     ap.add_argument("--steps", type=int, help="training steps per model (the first is warm-up)")
     ap.add_argument("--prompts", type=int, help="prompts per step")
     ap.add_argument("--group", type=int, help="responses per prompt")
     ap.add_argument("--updates", type=int, help="optimizer steps per training step")
-    ap.add_argument("--max-new-tokens", type=int, help="response length (random weights: always reached)")
+    ap.add_argument(
+        "--max-new-tokens", type=int, help="response length (random weights: always reached)"
+    )
     ap.add_argument("--peak-tflops", type=float, default=0.0,
                     help="the device's dense bf16 peak in TFLOP/s (0 = look it up from the GPU's "
                          "name; on a CPU, 0 reports no MFU)")
@@ -243,8 +288,17 @@ def main(argv: list | None = None) -> int:
     results = {}
     for name in args.models:  # a fresh process per model: clean CUDA memory and peak counters
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                   "--one", name, "--result-file", f.name, "--peak-tflops", str(args.peak_tflops or 0)]
+            cmd = [
+                sys.executable,
+                __file__,
+                *(argv if argv is not None else sys.argv[1:]),
+                "--one",
+                name,
+                "--result-file",
+                f.name,
+                "--peak-tflops",
+                str(args.peak_tflops or 0),
+            ]
             t0 = time.time()
             rc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "0"},
                                 check=False).returncode
@@ -260,14 +314,19 @@ def main(argv: list | None = None) -> int:
     import transformers
 
     payload = {
-        "command": "python small_scale/gpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python small_scale/gpu_bench.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "train_argv_example": train_argv(args.models[0], args, Path("OUT"), Path("CONFIG.json")),
-        "device": device_name(args.device), "peak_bf16_tflops": args.peak_tflops,
-        "torch": torch.__version__, "transformers": transformers.__version__,
+        "device": device_name(args.device),
+        "peak_bf16_tflops": args.peak_tflops,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "flops_formula": "FLOPs(step) = 6 N T_train + 2 N T_logprob + 2 N T_gen; MFU = FLOPs / "
-                         "(seconds * peak); prompt tokens, attention and recompute not counted",
+        "(seconds * peak); prompt tokens, attention and recompute not counted",
         "mode": args.mode,
-        "settings": {k: getattr(args, k) for k in ("steps", "prompts", "group", "updates", "max_new_tokens")},
+        "settings": {
+            k: getattr(args, k) for k in ("steps", "prompts", "group", "updates", "max_new_tokens")
+        },
         "micro_batch_tokens": {m: MICRO_BATCH_TOKENS[m] for m in args.models},
         "gradient_checkpointing": {m: CHECKPOINTING[m] for m in args.models},
         "models": results,

@@ -15,7 +15,7 @@ import itertools
 import statistics as st
 from pathlib import Path
 
-from rpg_ref import strict_json
+from paper_figs.training import load_experiment
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,11 +26,22 @@ def main() -> None:
     root = Path(ap.parse_args().logs)
     for exp in ("seq", "ablation"):
         print(f"== {exp}")
-        for run in sorted(p.name for p in (root / exp).iterdir() if p.is_dir()):
-            cols = {k: [] for k in ("ent_first5", "ent_last5", "kl_old", "clip_low", "clip_high", "len_last10")}
+        runs = load_experiment(exp, root)["runs"]
+        for run in sorted(runs):
+            cols = {
+                k: []
+                for k in (
+                    "ent_first5",
+                    "ent_last5",
+                    "kl_old",
+                    "clip_low",
+                    "clip_high",
+                    "len_last10",
+                )
+            }
             ev_steps = []
-            for seed_dir in sorted((root / exp / run).glob("seed*")):
-                m = [strict_json.loads(x) for x in (seed_dir / "metrics.jsonl").read_text().splitlines()]
+            for rec in runs[run]:
+                m = rec["metrics"]
                 cols["ent_first5"].append(st.mean(r["entropy"] for r in m[:5]))
                 cols["ent_last5"].append(st.mean(r["entropy"] for r in m[-5:]))
                 cols["kl_old"].append(st.mean(r["kl_old"] for r in m))
@@ -39,8 +50,13 @@ def main() -> None:
                 cols["len_last10"].append(st.mean(r["response_len"] for r in m[-10:]))
                 ev = [r["eval_greedy_accuracy"] for r in m if "eval_greedy_accuracy" in r]
                 ev_steps += [abs(b - a) for a, b in itertools.pairwise(ev)]
-            per_seed = " | ".join(f"{k} " + "/".join(f"{v:.3f}" for v in vs) for k, vs in cols.items())
-            print(f"{run:20s} {per_seed} | eval change mean {st.mean(ev_steps):.3f} max {max(ev_steps):.3f}")
+            per_seed = " | ".join(
+                f"{k} " + "/".join(f"{v:.3f}" for v in vs) for k, vs in cols.items()
+            )
+            print(
+                f"{run:20s} {per_seed} | eval change mean {st.mean(ev_steps):.3f} max "
+                f"{max(ev_steps):.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""Memory budget (an ESTIMATE) of full-parameter RL of Qwen3-4B on one 80 GB GPU (preset qwen3-4b-h100).
+"""Memory budget (an ESTIMATE) of full-parameter RL of Qwen3-4B on one 80 GB GPU (preset
+qwen3-4b-h100).
 
     python small_scale/memory_budget.py [--config PATH] [--gpu-gib 80] [--prompt-len 1024]
-                                        [--engine vllm|hf] [--unchunked] [--responses 2048 4096 8192]
-                                        [--ranks N]
+                                        [--engine vllm|hf] [--unchunked] [--responses 2048 4096
+                                        8192] [--ranks N]
 
 Counts parameters from a Hugging Face Qwen3 config.json (default: the shared Qwen3-4B config) and
 prints, for each response length, what is resident on the GPU in the two phases of a step:
@@ -44,11 +45,11 @@ MAX_VLLM_UTIL = 0.90  # vLLM's share of the GPU; the rest: trainer CUDA context,
 
 def param_count(c: dict) -> dict:
     """Parameter count by part, from a Qwen3 config (attention_bias false, q/k RMSNorm per head)."""
-    H, L, V, I = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    H, L, V, F = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim", H // nh)
     attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 2 * hd       # q, k, v, o, q_norm, k_norm
-    mlp = 3 * H * I                                                     # gate, up, down
+    mlp = 3 * H * F                                                     # gate, up, down
     per_layer = attn + mlp + 2 * H                                      # + two RMSNorms
     embed = V * H
     head = 0 if c.get("tie_word_embeddings", False) else V * H
@@ -92,11 +93,11 @@ def activation_bytes(c: dict, seq: int, resp: int, logit_chunk: int, micro: int 
     logits: one chunk of response tokens (or the whole response, unchunked) at the bytes per
     element above, plus the head weight's bf16 cast and gradient.
     """
-    H, L, V, I = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    H, L, V, F = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
     hd = c.get("head_dim", H // c["num_attention_heads"])
     qkvo = (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
     ckpt = L * micro * seq * H * 2
-    layer = 2 * micro * seq * (qkvo + 4 * I + 4 * H) * 2
+    layer = 2 * micro * seq * (qkvo + 4 * F + 4 * H) * 2
     tokens = micro * (resp + 1) if unchunked else min(micro * resp, logit_chunk)
     logits = tokens * V * LOGIT_BYTES
     return {"checkpoints": ckpt, "layer_recompute": layer, "logits_chunk": logits,
@@ -136,28 +137,49 @@ def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int
     if engine == "hf":  # the trainer's weights and AdamW state stay; gradients were freed
         resident = (4 + adam_bytes) * n / ranks + gathered
         kv = gpu_gib * GiB - reserve_gib * GiB - resident - 2 * n
-        out["rollout_hf"] = {"trainer state on GPU": resident, "hf engine bf16 copy": 2 * n,
-                             "KV cache + sampling": kv, "CUDA context + allocator slack": reserve_gib * GiB,
-                             "kv_tokens": int(kv // kv_tok), "concurrent_seqs": int(kv // kv_tok // seq)}
+        out["rollout_hf"] = {
+            "trainer state on GPU": resident,
+            "hf engine bf16 copy": 2 * n,
+            "KV cache + sampling": kv,
+            "CUDA context + allocator slack": reserve_gib * GiB,
+            "kv_tokens": int(kv // kv_tok),
+            "concurrent_seqs": int(kv // kv_tok // seq),
+        }
         return out
-    for mode, resident in (("offload", gathered), ("resident", (4 + adam_bytes) * n / ranks + gathered)):
+    for mode, resident in (
+        ("offload", gathered),
+        ("resident", (4 + adam_bytes) * n / ranks + gathered),
+    ):
         free = gpu_gib * GiB - reserve_gib * GiB - resident
         util = min(MAX_VLLM_UTIL, math.floor(100 * free / (gpu_gib * GiB)) / 100)
         kv = util * gpu_gib * GiB - 2 * n - vllm_act_gib * GiB
-        out[f"rollout_{mode}"] = {"trainer state on GPU": resident, "vLLM bf16 weights": 2 * n,
-                                  "vLLM activations + CUDA graphs": vllm_act_gib * GiB, "KV cache": kv,
-                                  "CUDA context + allocator slack": reserve_gib * GiB,
-                                  "gpu_memory_utilization": util,
-                                  "kv_tokens": int(kv // kv_tok), "concurrent_seqs": int(kv // kv_tok // seq)}
+        out[f"rollout_{mode}"] = {
+            "trainer state on GPU": resident,
+            "vLLM bf16 weights": 2 * n,
+            "vLLM activations + CUDA graphs": vllm_act_gib * GiB,
+            "KV cache": kv,
+            "CUDA context + allocator slack": reserve_gib * GiB,
+            "gpu_memory_utilization": util,
+            "kv_tokens": int(kv // kv_tok),
+            "concurrent_seqs": int(kv // kv_tok // seq),
+        }
     return out
 
 
 def main(argv=None) -> int:
-    default_cfg = Path(os.environ.get("RPG_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")) \
-        / "models" / "qwen3-4b" / "config.json"
+    default_cfg = (
+        Path(
+            os.environ.get("RPG_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
+        )
+        / "models"
+        / "qwen3-4b"
+        / "config.json"
+    )
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(default_cfg))
-    ap.add_argument("--gpu-gib", type=float, default=80.0, help="H100 SXM/PCIe 80 GB: 79.6 GiB usable; use 80")
+    ap.add_argument(
+        "--gpu-gib", type=float, default=80.0, help="H100 SXM/PCIe 80 GB: 79.6 GiB usable; use 80"
+    )
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--logit-chunk", type=int, default=0,
                     help="response tokens per LM-head chunk (0 = the trainer's automatic size)")
@@ -166,10 +188,16 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     ap.add_argument("--responses", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--adam-bytes", type=int, default=8, help="8 = fp32 m,v; 2 = 8-bit AdamW")
-    ap.add_argument("--reserve-gib", type=float, default=2.0, help="CUDA context + allocator fragmentation")
+    ap.add_argument(
+        "--reserve-gib", type=float, default=2.0, help="CUDA context + allocator fragmentation"
+    )
     ap.add_argument("--vllm-sleep-residual-gib", type=float, default=1.0)
-    ap.add_argument("--vllm-act-gib", type=float, default=3.0, help="vLLM activations, sampler, CUDA graphs")
-    ap.add_argument("--ranks", type=int, default=1, help="per GPU of a torchrun run on this many GPUs (FSDP2)")
+    ap.add_argument(
+        "--vllm-act-gib", type=float, default=3.0, help="vLLM activations, sampler, CUDA graphs"
+    )
+    ap.add_argument(
+        "--ranks", type=int, default=1, help="per GPU of a torchrun run on this many GPUs (FSDP2)"
+    )
     args = ap.parse_args(argv)
     if not Path(args.config).is_file():
         raise SystemExit(f"config {args.config} not found (set RPG_DATA_DIR or pass --config)")
@@ -179,7 +207,10 @@ def main(argv=None) -> int:
     print("parameters: " + ", ".join(f"{k} {v / 1e9:.3f}B" for k, v in parts.items()))
     print(f"KV cache per token (bf16): {kv_bytes_per_token(c) / 1024:.0f} KiB")
     lost_bf16, lost_fp32 = bf16_loses_small_updates()
-    print(f"0.02 + 1e-6 rounds back to 0.02: bf16 {lost_bf16}, fp32 {lost_fp32}  -> fp32 master weights")
+    print(
+        f"0.02 + 1e-6 rounds back to 0.02: bf16 {lost_bf16}, fp32 {lost_fp32}  -> fp32 master "
+        "weights"
+    )
     chunk = args.logit_chunk or auto_logit_chunk(c)
     print("ESTIMATES (analytic, not measured); LM head " + ("unchunked (the whole response)" if
           args.unchunked else f"in chunks of {chunk} response tokens") + f"; engine {args.engine}")
@@ -192,22 +223,38 @@ def main(argv=None) -> int:
         print(f"training phase ({'vLLM' if args.engine == 'vllm' else 'hf engine'} asleep):")
         for k, v in b["train"].items():
             print(f"  {k:<46} {v / GiB:7.2f} GiB")
-        print(f"  {'TOTAL (estimate)':<46} {b['train_total'] / GiB:7.2f} GiB  "
-              f"({'fits' if b['train_total'] <= args.gpu_gib * GiB else 'DOES NOT FIT'}, by the estimate)")
+        print(
+            f"  {'TOTAL (estimate)':<46} {b['train_total'] / GiB:7.2f} GiB  "
+            f"({'fits' if b['train_total'] <= args.gpu_gib * GiB else 'DOES NOT FIT'}, by the "
+            "estimate)"
+        )
         if args.engine == "hf":
             r = b["rollout_hf"]
             print("rollout phase (hf engine):")
             for k in ("trainer state on GPU", "hf engine bf16 copy", "KV cache + sampling"):
                 print(f"  {k:<46} {r[k] / GiB:7.2f} GiB")
-            print(f"  -> KV cache for {r['kv_tokens']:,} tokens = {r['concurrent_seqs']} concurrent sequences")
+            print(
+                f"  -> KV cache for {r['kv_tokens']:,} tokens = {r['concurrent_seqs']} concurrent "
+                "sequences"
+            )
             continue
         for mode in ("offload", "resident"):
             r = b[f"rollout_{mode}"]
-            print(f"rollout phase, trainer state {'in CPU memory' if mode == 'offload' else 'on the GPU'}:")
-            for k in ("trainer state on GPU", "vLLM bf16 weights", "vLLM activations + CUDA graphs", "KV cache"):
+            print(
+                "rollout phase, trainer state "
+                f"{'in CPU memory' if mode == 'offload' else 'on the GPU'}:"
+            )
+            for k in (
+                "trainer state on GPU",
+                "vLLM bf16 weights",
+                "vLLM activations + CUDA graphs",
+                "KV cache",
+            ):
                 print(f"  {k:<46} {r[k] / GiB:7.2f} GiB")
-            print(f"  -> vLLM gpu_memory_utilization {r['gpu_memory_utilization']:.2f}, KV cache for "
-                  f"{r['kv_tokens']:,} tokens = {r['concurrent_seqs']} concurrent sequences")
+            print(
+                f"  -> vLLM gpu_memory_utilization {r['gpu_memory_utilization']:.2f}, KV cache for "
+                f"{r['kv_tokens']:,} tokens = {r['concurrent_seqs']} concurrent sequences"
+            )
     return 0
 
 

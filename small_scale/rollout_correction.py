@@ -35,9 +35,12 @@ class TemperedEngine(SampleEngine):
 
 ENGINES.setdefault("tempered", TemperedEngine)
 
-BANDIT = {"none": [], "tis, no cap": ["--rollout-correction", "tis", "--rollout-correction-cap", "inf"],
-          "tis, C = 1.5": ["--rollout-correction", "tis", "--rollout-correction-cap", "1.5"],
-          "mis, C = 1.5": ["--rollout-correction", "mis", "--rollout-correction-cap", "1.5"]}
+BANDIT = {
+    "none": [],
+    "tis, no cap": ["--rollout-correction", "tis", "--rollout-correction-cap", "inf"],
+    "tis, C = 1.5": ["--rollout-correction", "tis", "--rollout-correction-cap", "1.5"],
+    "mis, C = 1.5": ["--rollout-correction", "mis", "--rollout-correction-cap", "1.5"],
+}
 SEQ = {"none": [], "tis token": ["--rollout-correction", "tis"],
        "tis sequence": ["--rollout-correction", "tis", "--rollout-correction-level", "sequence"],
        "mis token": ["--rollout-correction", "mis"]}
@@ -56,13 +59,32 @@ def fmt(x) -> str:
 
 
 def bandit(out: Path) -> None:
-    print(f"| bandit, sampler at {TEMPER:g}x temperature | TV to optimum | " + " | ".join(RC_KEYS) + " |")
+    print(
+        f"| bandit, sampler at {TEMPER:g}x temperature | TV to optimum | "
+        + " | ".join(RC_KEYS)
+        + " |"
+    )
     print("|---" * (2 + len(RC_KEYS)) + "|")
     for name, flags in BANDIT.items():
-        s, rows = run(["--preset", "bandit", "--ref", "init", "--engine", "tempered",
-                       "--out", str(out / "bandit" / name.replace(" ", "").replace(",", "-")), *flags])
+        s, rows = run(
+            [
+                "--preset",
+                "bandit",
+                "--ref",
+                "init",
+                "--engine",
+                "tempered",
+                "--out",
+                str(out / "bandit" / name.replace(" ", "").replace(",", "-")),
+                *flags,
+            ]
+        )
         last = rows[-1]
-        print(f"| {name} | {s['tv_distance']:.4f} | " + " | ".join(fmt(last.get(k)) for k in RC_KEYS) + " |")
+        print(
+            f"| {name} | {s['tv_distance']:.4f} | "
+            + " | ".join(fmt(last.get(k)) for k in RC_KEYS)
+            + " |"
+        )
 
 
 def seq(out: Path) -> None:
@@ -71,8 +93,15 @@ def seq(out: Path) -> None:
           + " | ".join(f"{k} mean [min, max] over steps" for k in keys) + " |")
     print("|---" * (3 + len(keys)) + "|")
     for name, flags in SEQ.items():
-        s, rows = run(["--hf-gen-dtype", "bfloat16", "--out", str(out / "seq" / name.replace(" ", "-")),
-                       *flags])
+        s, rows = run(
+            [
+                "--hf-gen-dtype",
+                "bfloat16",
+                "--out",
+                str(out / "seq" / name.replace(" ", "-")),
+                *flags,
+            ]
+        )
         cells = []
         for k in keys:
             v = [r[k] for r in rows if k in r]

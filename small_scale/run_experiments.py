@@ -11,10 +11,12 @@ A config (the one source of truth for an experiment) holds ``common`` trainer fl
 (name -> label and extra flags; flags are rpg-train's, written as JSON keys: "eval_every": 10 is
 ``--eval-every 10``), ``seeds``, ``groups`` (figure subsets), ``log_keys`` and ``log_every``. Every
 (run, seed) is parsed by rpg_ref.cli.parse_config before anything trains, so a bad config fails
-at once. Full outputs (checkpoints included) go to --runs-dir; small_scale/logs/<exp>/ keeps
-experiment.json, and per run and seed: metrics.jsonl (log_keys only, every log_every steps and
-every evaluation step, floats to 6 significant digits), summary.json and config.json.
-Finished (run, seed) pairs are skipped unless --force.
+at once. Full outputs (checkpoints included) go to --runs-dir; one file per experiment,
+small_scale/logs/<exp>.jsonl (layout: paper_figs/training.py), keeps the experiment's config, the
+command, and per run and seed: the trainer's config.json and summary.json, and its metrics.jsonl
+rows (log_keys only, every log_every steps and every evaluation step, floats to 6 significant
+digits). The file is rewritten (atomically) after every finished (run, seed), so a killed
+invocation keeps what finished; finished (run, seed) pairs are skipped unless --force.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from paper_figs.training import read_experiment_log
 from rpg_ref import strict_json
 
 HERE = Path(__file__).resolve().parent
@@ -69,8 +72,14 @@ def load_spec(exp: str) -> dict:
             raise ValueError(f"{path}: group {g!r} names unknown runs {bad}")
     for name, run in spec["runs"].items():
         if set(run) - {"label", "args"}:
-            raise ValueError(f"{path}: run {name!r} has unknown keys {sorted(set(run) - {'label', 'args'})}")
-        reserved = {"seed", "out", "resume"} & set(run.get("args", {})) | {"seed", "out", "resume"} & set(spec["common"])
+            raise ValueError(
+                f"{path}: run {name!r} has unknown keys {sorted(set(run) - {'label', 'args'})}"
+            )
+        reserved = {"seed", "out", "resume"} & set(run.get("args", {})) | {
+            "seed",
+            "out",
+            "resume",
+        } & set(spec["common"])
         if reserved:
             raise ValueError(f"{path}: run {name!r}: {sorted(reserved)} are set by the runner")
     return spec
@@ -88,14 +97,38 @@ def _round(v):
     return v
 
 
-def trim_metrics(src: Path, keys: list, every: int) -> str:
+def trim_metrics(src: Path, keys: list, every: int) -> list[dict]:
     rows = [strict_json.loads(x) for x in src.read_text().splitlines() if x.strip()]
     last = rows[-1]["step"]
-    out = []
-    for r in rows:
-        if r["step"] % every == 0 or r["step"] == last or any(k.startswith("eval_") for k in r):
-            out.append(strict_json.dumps({k: _round(r[k]) for k in keys if k in r}, separators=(",", ":")))
-    return "\n".join(out) + "\n"
+    return [{k: _round(r[k]) for k in keys if k in r} for r in rows
+            if r["step"] % every == 0 or r["step"] == last or any(k.startswith("eval_") for k in r)]
+
+
+def read_log(path: Path) -> dict:
+    """An experiment's log file as {"experiment", "invocation", "runs": {run: {seed: {...}}}}
+    (empty when there is none yet)."""
+    if not path.exists():
+        return {"experiment": None, "invocation": None, "runs": {}}
+    return read_experiment_log(path)
+
+
+def write_log(path: Path, log: dict) -> None:
+    """The layout of paper_figs/training.py, runs in the experiment's order, seeds increasing;
+    written to a temporary file and renamed, so a reader never sees half a file."""
+    recs = [{"experiment": log["experiment"]}]
+    if log["invocation"]:
+        recs.append({"invocation": log["invocation"]})
+    order = list(log["experiment"]["runs"]) + sorted(
+        set(log["runs"]) - set(log["experiment"]["runs"])
+    )
+    for run in order:
+        for seed, r in sorted(log["runs"].get(run, {}).items()):
+            recs.append({"run": run, "seed": seed, "config": r["config"]})
+            recs.append({"run": run, "seed": seed, "summary": r["summary"]})
+            recs += [{"run": run, "seed": seed, "metrics": m} for m in r["metrics"]]
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text("".join(strict_json.dumps(x, separators=(",", ":")) + "\n" for x in recs))
+    os.replace(tmp, path)
 
 
 def portable(config: dict) -> dict:
@@ -110,8 +143,8 @@ def portable(config: dict) -> dict:
 
 
 def run_one(job: tuple) -> tuple:
-    """Train one (run, seed) in this process; copy its trimmed logs. Returns (run, seed, seconds)."""
-    exp, run, seed, argv, log_dir, keys, every = job
+    """Train one (run, seed) in this process. Returns (exp, run, seed, seconds, its logs)."""
+    exp, run, seed, argv, keys, every = job
     from rpg_ref.cli import parse_config
     from rpg_ref.train import train
     t0 = time.perf_counter()
@@ -121,29 +154,34 @@ def run_one(job: tuple) -> tuple:
     cfg = parse_config(argv)
     train(cfg)
     wall = time.perf_counter() - t0
-    dst = Path(log_dir) / exp / run / f"seed{seed}"
-    dst.mkdir(parents=True, exist_ok=True)
     out = Path(cfg.out)
-    (dst / "metrics.jsonl").write_text(trim_metrics(out / "metrics.jsonl", keys, every))
     summary = strict_json.loads((out / "summary.json").read_text())
     summary["runner_wall_time_s"] = wall
     summary["config"] = portable(summary["config"])
-    (dst / "summary.json").write_text(strict_json.dumps(summary, indent=1))
-    config = portable(strict_json.loads((out / "config.json").read_text()))
-    (dst / "config.json").write_text(strict_json.dumps(config, indent=1))
-    return run, seed, wall
+    logs = {"config": portable(strict_json.loads((out / "config.json").read_text())),
+            "summary": summary,
+            "metrics": trim_metrics(out / "metrics.jsonl", keys, every)}
+    return exp, run, seed, wall, logs
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--exp", required=True, choices=EXPERIMENTS + ("all",))
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the config's)")
     ap.add_argument("--workers", type=int, default=1, help="parallel training processes")
     ap.add_argument("--only", nargs="+", metavar="RUN", help="only these runs of the config")
-    ap.add_argument("--force", action="store_true", help="rerun (run, seed) pairs that already have logs")
-    ap.add_argument("--logs", default=str(HERE / "logs"), help="where the commit-size logs go")
-    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "small_scale"), help="full trainer outputs")
+    ap.add_argument(
+        "--force", action="store_true", help="rerun (run, seed) pairs that already have logs"
+    )
+    ap.add_argument("--logs", default=str(HERE / "logs"), help="where the commit-size logs go "
+                    "(one <exp>.jsonl per experiment)")
+    ap.add_argument(
+        "--runs-dir", default=str(ROOT / "runs" / "small_scale"), help="full trainer outputs"
+    )
     a = ap.parse_args(argv)
     if a.seeds is not None and a.seeds < 1:
         ap.error(f"--seeds must be >= 1, got {a.seeds}")
@@ -152,9 +190,10 @@ def main(argv=None) -> int:
 
     from rpg_ref.cli import parse_config
     exps = EXPERIMENTS if a.exp == "all" else (a.exp,)
-    jobs, specs, pairs = [], {}, 0
+    jobs, specs, logs, pairs = [], {}, {}, 0
     for exp in exps:                                  # validate everything before training anything
         spec = specs[exp] = load_spec(exp)
+        logs[exp] = read_log(Path(a.logs) / f"{exp}.jsonl")
         runs = a.only or list(spec["runs"])
         bad = [r for r in runs if r not in spec["runs"]]
         if bad:
@@ -164,18 +203,20 @@ def main(argv=None) -> int:
                 av = argv_for(spec, run, seed, Path(a.runs_dir) / exp)
                 probe = argv_for(spec, run, seed, Path(a.runs_dir) / ".validate-only" / exp)
                 try:
-                    parse_config(probe)                  # same flags, an --out that does not exist
+                    parse_config(probe)  # same flags, an --out that does not exist
                 except (ValueError, SystemExit) as e:
-                    raise SystemExit(f"{exp}/{run} seed {seed}: bad trainer flags {av}: {e}") from None
+                    raise SystemExit(
+                        f"{exp}/{run} seed {seed}: bad trainer flags {av}: {e}"
+                    ) from None
                 pairs += 1
-                done = (Path(a.logs) / exp / run / f"seed{seed}" / "summary.json").exists()
+                done = (logs[exp]["runs"].get(run, {}).get(seed) or {}).get("summary") is not None
                 if a.force or not done:
-                    jobs.append((exp, run, seed, av, a.logs, spec["log_keys"], spec.get("log_every", 1)))
+                    jobs.append((exp, run, seed, av, spec["log_keys"], spec.get("log_every", 1)))
 
+    Path(a.logs).mkdir(parents=True, exist_ok=True)
     for exp, spec in specs.items():
-        d = Path(a.logs) / exp
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "experiment.json").write_text(json.dumps(spec, indent=1))
+        logs[exp]["experiment"] = spec
+        write_log(Path(a.logs) / f"{exp}.jsonl", logs[exp])
 
     print(f"{pairs} (run, seed) pairs, {len(jobs)} to train, {a.workers} worker(s)", flush=True)
     t0 = time.perf_counter()
@@ -186,19 +227,31 @@ def main(argv=None) -> int:
         import multiprocessing as mp
         pool = ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn"))
         results = pool.map(run_one, jobs)
-    for i, (run, seed, wall) in enumerate(results, 1):
+    for i, (exp, run, seed, wall, run_logs) in enumerate(results, 1):
+        logs[exp]["runs"].setdefault(run, {})[seed] = run_logs
+        write_log(Path(a.logs) / f"{exp}.jsonl", logs[exp])
         walls.append(wall)
-        print(f"[{i}/{len(jobs)}] {run} seed {seed}: {wall:.1f}s (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
+        print(
+            f"[{i}/{len(jobs)}] {run} seed {seed}: {wall:.1f}s (elapsed "
+            f"{time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
     total = time.perf_counter() - t0
 
-    info = {"command": "python small_scale/run_experiments.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "wall_time_s": round(total, 1), "runs_trained": len(jobs), "sum_run_wall_time_s": round(sum(walls), 1),
-            "workers": a.workers, "machine": f"{platform.machine()} {platform.processor() or ''} "
-                                              f"{os.cpu_count()} CPU cores, {platform.system()}",
-            "python": platform.python_version()}
+    info = {
+        "command": "python small_scale/run_experiments.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "wall_time_s": round(total, 1),
+        "runs_trained": len(jobs),
+        "sum_run_wall_time_s": round(sum(walls), 1),
+        "workers": a.workers,
+        "machine": f"{platform.machine()} {platform.processor() or ''} "
+        f"{os.cpu_count()} CPU cores, {platform.system()}",
+        "python": platform.python_version(),
+    }
     for exp in specs:
-        p = Path(a.logs) / exp / "last_invocation.json"
-        p.write_text(json.dumps(info, indent=1))
+        logs[exp]["invocation"] = info
+        write_log(Path(a.logs) / f"{exp}.jsonl", logs[exp])
     print(f"done in {total:.0f}s; logs in {a.logs}; now: rpg-figs (or python -m paper_figs)")
     return 0
 

@@ -1,11 +1,16 @@
-"""Shared pytest fixtures, and the line that says up front which tests will skip here."""
+"""Shared pytest fixtures, the line that says up front which tests will skip here, and
+small_scale/ on the import path (the tests import the benchmarks' shared module, bench_common, and
+the experiment runner)."""
 
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "small_scale"))
 
 
 @pytest.fixture

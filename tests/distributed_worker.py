@@ -25,15 +25,34 @@ from rpg_ref.interfaces import Batch, collate
 CASES = [
     ("token-mean", dict(algo="rpg-reinforce-urkl", agg="token-mean", clip=[0.2, 0.28, 3.0])),
     ("seq-mean-token-mean", dict(algo="rpg-rkl", agg="seq-mean-token-mean")),
-    ("token-mean micro-batches by tokens, ref", dict(algo="grpo", agg="token-mean",
-                                                     micro_batch_tokens=40, ref="init")),
-    ("seq-mean micro-batches of 2", dict(algo="rpg-fkl", agg="seq-mean-token-mean", micro_batch_size=2)),
+    (
+        "token-mean micro-batches by tokens, ref",
+        dict(algo="grpo", agg="token-mean", micro_batch_tokens=40, ref="init"),
+    ),
+    (
+        "seq-mean micro-batches of 2",
+        dict(algo="rpg-fkl", agg="seq-mean-token-mean", micro_batch_size=2),
+    ),
     # --rollout-correction: each rank weights its own rows; the statistics are over both ranks
-    ("rollout correction tis, token", dict(algo="rpg-reinforce-urkl", agg="token-mean",
-                                           rollout_correction="tis", rollout_correction_cap=1.2)),
-    ("rollout correction mis, sequence", dict(algo="rpg-rkl", agg="seq-mean-token-mean",
-                                              rollout_correction="mis", rollout_correction_level="sequence",
-                                              rollout_correction_cap=1.1)),
+    (
+        "rollout correction tis, token",
+        dict(
+            algo="rpg-reinforce-urkl",
+            agg="token-mean",
+            rollout_correction="tis",
+            rollout_correction_cap=1.2,
+        ),
+    ),
+    (
+        "rollout correction mis, sequence",
+        dict(
+            algo="rpg-rkl",
+            agg="seq-mean-token-mean",
+            rollout_correction="mis",
+            rollout_correction_level="sequence",
+            rollout_correction_cap=1.1,
+        ),
+    ),
 ]
 N = 8  # responses in the union batch: 4 per rank
 
@@ -42,9 +61,18 @@ def tiny_qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      max_position_embeddings=64, tie_word_embeddings=True, attn_implementation="sdpa")
+    cfg = Qwen3Config(
+        vocab_size=24,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     return Qwen3ForCausalLM(cfg).double().eval()
 
 
@@ -52,10 +80,14 @@ def union_batch(model) -> Batch:
     """N responses of different prompt and response lengths; pi_old and pi_ref are the model's
     log-probs moved by fixed noise (ratios != 1, so clipping acts)."""
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(1, 24, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(N)]
-    responses = [torch.randint(1, 24, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
-                 for _ in range(N)]
+    prompts = [
+        torch.randint(1, 24, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(N)
+    ]
+    responses = [
+        torch.randint(1, 24, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(N)
+    ]
     b = Batch(**collate(prompts, responses, 0, "cpu", None), rewards=torch.zeros(N),
               correct=torch.zeros(N, dtype=torch.bool))
     from rpg_ref.logprobs import token_logprobs
@@ -111,7 +143,9 @@ def advantages_check() -> dict:
         got = D.advantages(compute_advantages, name, rewards[lo:hi], G, mask=mask[lo:hi, :t],
                            old_logp=old[lo:hi, :t], ref_logp=ref[lo:hi, :t], beta=0.1)
         want = want[lo:hi, :t] if want.dim() == 2 else want[lo:hi]
-        diff = torch.tensor(float((got - want).abs().max()) if got.shape == want.shape else float("inf"))
+        diff = torch.tensor(
+            float((got - want).abs().max()) if got.shape == want.shape else float("inf")
+        )
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         out[name] = float(diff)
     return out
@@ -136,7 +170,9 @@ def main(out_path: str) -> None:
             b.ref_logp = None
         if cfg.rollout_correction != "none":  # a sampler mu != pi_old
             g = torch.Generator().manual_seed(4)
-            b.sampler_logp = (b.old_logp + 0.2 * torch.randn(b.mask.shape, generator=g, dtype=torch.float64)) * b.mask
+            b.sampler_logp = (
+                b.old_logp + 0.2 * torch.randn(b.mask.shape, generator=g, dtype=torch.float64)
+            ) * b.mask
         lo, hi = D.share(N)
         share = b.index(slice(lo, hi))
         single = copy.deepcopy(base)
@@ -149,10 +185,17 @@ def main(out_path: str) -> None:
         want, got = {n: p.detach() for n, p in single.named_parameters()}, full_params(sharded)
         results["cases"][name] = {
             "param_max_abs_diff": max(float((got[n] - want[n]).abs().max()) for n in want),
-            "param_max_abs_change": max(float((want[n] - base.get_parameter(n).detach()).abs().max()) for n in want),
-            "loss_grad_norm_max_abs_diff": max(abs(d_stats[k] - s_stats[k]) for k in ("loss", "grad_norm")),
-            "stats_max_abs_diff": max(abs(d_stats[k] - s_stats[k]) for k in s_stats
-                                      if k not in ("train_tokens", "updates", "early_stop")),
+            "param_max_abs_change": max(
+                float((want[n] - base.get_parameter(n).detach()).abs().max()) for n in want
+            ),
+            "loss_grad_norm_max_abs_diff": max(
+                abs(d_stats[k] - s_stats[k]) for k in ("loss", "grad_norm")
+            ),
+            "stats_max_abs_diff": max(
+                abs(d_stats[k] - s_stats[k])
+                for k in s_stats
+                if k not in ("train_tokens", "updates", "early_stop")
+            ),
             "grad_clipped": s_stats["grad_norm"] > cfg.grad_clip,
             "rc_stats": {k: (s_stats[k], d_stats[k]) for k in s_stats if k.startswith("rc_")},
         }

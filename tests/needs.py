@@ -2,9 +2,10 @@
 tests they will skip, and says why, before the run starts).
 
     @needs_data("eval", "aime24.jsonl")   the shared data folder: ../shared/data beside the clone,
-                                          or $RPG_DATA_DIR (rpg_ref.math_data.data_dir)
+                                          or $RPG_DATA_DIR (rpg_ref.math.data.data_dir)
     @needs_paper_tex                      the paper's LaTeX source: ../shared/paper/rpg_paper.tex,
-                                          or $RPG_PAPER_TEX (derivations.paper_tables.paper_tex_path)
+                                          or $RPG_PAPER_TEX
+                                          (derivations.paper_tables.paper_tex_path)
     @needs_gpu                            a CUDA device
 """
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from derivations.paper_tables import PAPER_ENV, paper_tex_path
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 DATA_REASON = "shared data absent"
 TEX_REASON = "paper .tex absent"
@@ -30,5 +31,9 @@ def needs_data(*parts: str) -> pytest.MarkDecorator:
 
 needs_paper_tex = pytest.mark.skipif(
     not paper_tex_path().is_file(),
-    reason=f"{TEX_REASON}: {paper_tex_path()} not found; set {PAPER_ENV} to the paper's LaTeX source")
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=f"{GPU_REASON}: CUDA is not available")
+    reason=f"{TEX_REASON}: {paper_tex_path()} not found; set {PAPER_ENV} to the paper's LaTeX "
+           "source",
+)
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason=f"{GPU_REASON}: CUDA is not available"
+)

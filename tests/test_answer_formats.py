@@ -1,12 +1,12 @@
 """The public answer-format set (tests/data/answer_formats.jsonl): realistic responses in the
 paper's format and the others models write, with expected verdicts, scored by the reward with
-each backend (`python -m rpg_ref.answer_formats` prints the same numbers per category)."""
+each backend (`python -m rpg_ref.math.answer_formats` prints the same numbers per category)."""
 import json
 
 import pytest
 
-from rpg_ref import answer_formats as af
-from rpg_ref import math_reward as mr
+from rpg_ref.math import answer_formats as af
+from rpg_ref.math import reward as mr
 
 CASES = af.load_cases(af.DEFAULT_SET)
 BACKENDS = ["normalizer"] + (["math_verify"] if mr.math_verify_available() else [])
@@ -67,4 +67,8 @@ def test_the_report_prints_per_category_rates_and_rejects_a_bad_file(scored, tmp
     bad.write_text(json.dumps({"id": "x", "response": "Answer: 1"}) + "\n")
     assert af.main([str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("answer_formats: error:") and "bad.jsonl:1" in err and len(err.splitlines()) == 1
+    assert (
+        err.startswith("answer_formats: error:")
+        and "bad.jsonl:1" in err
+        and len(err.splitlines()) == 1
+    )

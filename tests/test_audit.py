@@ -53,7 +53,9 @@ def rows(one_thread):
 
 
 def _by_adapter(rows, ad):
-    return [r for r in rows if r["loss"] == ad.name and r["code"] == ad.code and r["level"] == ad.level]
+    return [
+        r for r in rows if r["loss"] == ad.name and r["code"] == ad.code and r["level"] == ad.level
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -62,10 +64,13 @@ def _by_adapter(rows, ad):
 
 @pytest.mark.parametrize("V,L", [(2, 1), (3, 2), (3, 3), (4, 2)])
 def test_autoregressive_enumeration(V, L):
-    """Every response once, probabilities summing to 1, and prefix probabilities equal to the mass of
+    """Every response once, probabilities summing to 1, and prefix probabilities equal to the mass
+    of
     the responses that start with the prefix (marginalized by hand)."""
     ar = Autoregressive(V, L)
-    logits = torch.randn(ar.n_prefix, V, generator=torch.Generator().manual_seed(V * 10 + L), dtype=torch.float64)
+    logits = torch.randn(
+        ar.n_prefix, V, generator=torch.Generator().manual_seed(V * 10 + L), dtype=torch.float64
+    )
     assert len({tuple(y) for y in ar.seqs.tolist()}) == V ** L == len(ar.seqs)
     p = ar.token_logp(logits).sum(1).exp()
     assert abs(float(p.sum()) - 1) < TOL
@@ -77,9 +82,17 @@ def test_autoregressive_enumeration(V, L):
 
 
 def test_prefix_numbering_is_the_documented_one():
-    """V=3: () -> 0, (a) -> 1 + a, (a, b) -> 4 + 3a + b (what derivations/token_sequence.py relied on)."""
+    """V=3: () -> 0, (a) -> 1 + a, (a, b) -> 4 + 3a + b (what derivations/token_sequence.py relied
+    on)."""
     ar = Autoregressive(3, 3)
-    want = torch.stack([torch.zeros(27, dtype=torch.long), 1 + ar.seqs[:, 0], 4 + 3 * ar.seqs[:, 0] + ar.seqs[:, 1]], 1)
+    want = torch.stack(
+        [
+            torch.zeros(27, dtype=torch.long),
+            1 + ar.seqs[:, 0],
+            4 + 3 * ar.seqs[:, 0] + ar.seqs[:, 1],
+        ],
+        1,
+    )
     assert torch.equal(ar.prefix, want) and ar.n_prefix == 13
 
 
@@ -92,8 +105,12 @@ def test_sequence_kl_is_the_prefix_weighted_sum_of_conditional_kls():
     cond, cond_ref = torch.log_softmax(prob.theta, -1), torch.log_softmax(prob.ref, -1)
     rkl = (seq.exp() * (seq - seq_ref)).sum()
     fkl = (seq_ref.exp() * (seq_ref - seq)).sum()
-    by_prefix_r = (prob.ar.prefix_logp(prob.theta).exp() * (cond.exp() * (cond - cond_ref)).sum(1)).sum()
-    by_prefix_f = (prob.ar.prefix_logp(prob.ref).exp() * (cond_ref.exp() * (cond_ref - cond)).sum(1)).sum()
+    by_prefix_r = (
+        prob.ar.prefix_logp(prob.theta).exp() * (cond.exp() * (cond - cond_ref)).sum(1)
+    ).sum()
+    by_prefix_f = (
+        prob.ar.prefix_logp(prob.ref).exp() * (cond_ref.exp() * (cond_ref - cond)).sum(1)
+    ).sum()
     assert abs(float(rkl - by_prefix_r)) < TOL and abs(float(fkl - by_prefix_f)) < TOL
 
 
@@ -105,7 +122,7 @@ def test_candidate_ties_are_exactly_the_predicted_ones(setting, horizon):
     nonzero candidate gradient is > 1e-2, far above audit.ZERO_NORM."""
     prob = audit.make_problem(setting, horizon)
     cands = audit.candidate_grads(prob)
-    signed = {k: v for k, v in cands.items()} | {f"-{k}": -v for k, v in cands.items() if k != "no-kl"}
+    signed = dict(cands) | {f"-{k}": -v for k, v in cands.items() if k != "no-kl"}
     for key in ALL_KEYS:
         ties = {k for k, v in signed.items() if audit.rel_err(v, signed[key]) <= TOL}
         assert ties == tie_class(key, setting.ref_is_old, horizon), key
@@ -132,8 +149,9 @@ def test_verdict(rows, ad):
 def test_verdicts_do_not_depend_on_the_seed():
     """The verdicts are structural: another draw of the policies gives the same matches."""
     for r in audit.audit(ADAPTERS, horizons=(2, 3), seed=1, fit=False):
-        assert r["kl_matches"] == predicted_matches(r["loss"], r["level"], r["on_policy"], r["ref_is_old"],
-                                                    r["horizon"]), r["loss"]
+        assert r["kl_matches"] == predicted_matches(
+            r["loss"], r["level"], r["on_policy"], r["ref_is_old"], r["horizon"]
+        ), r["loss"]
 
 
 def test_no_match_is_far_from_every_candidate(rows):
@@ -143,14 +161,17 @@ def test_no_match_is_far_from_every_candidate(rows):
 
 
 def test_k1_loss_off_policy_raises_the_forward_kl_to_pi_old():
-    """verl's kl (k1) as a loss: E_old[grad log pi] = -grad sum_t KL(pi_old||pi), whatever pi_ref is:
+    """verl's kl (k1) as a loss: E_old[grad log pi] = -grad sum_t KL(pi_old||pi), whatever pi_ref
+    is:
     off-policy it pushes pi_theta away from pi_old."""
     k1 = next(a for a in ADAPTERS if a.name == "verl kl_loss_type=kl")
     for h in audit.HORIZONS:
         prob = audit.make_problem(audit.Setting(False, False), h)
         g_kl = audit.expected_grad(k1, prob, torch.zeros_like(prob.R))
         as_if_ref_old = audit.Problem(prob.ar, prob.theta, prob.old, prob.old, prob.R)
-        assert audit.rel_err(g_kl, -k1.beta * audit.candidate_grads(as_if_ref_old)["tok-fkl"]) <= TOL
+        assert (
+            audit.rel_err(g_kl, -k1.beta * audit.candidate_grads(as_if_ref_old)["tok-fkl"]) <= TOL
+        )
 
 
 def test_the_same_grpo_term_from_three_sources():
@@ -161,13 +182,23 @@ def test_the_same_grpo_term_from_three_sources():
     zero = torch.zeros_like(prob.R)
     kl_part = lambda name, own: audit.expected_grad(by[(name, own)], prob, zero)
     ref = kl_part("grpo", True)
-    for name in ("GRPO (published)", "TRL GRPO use_bias_correction_kl=False", "verl kl_loss_type=low_var_kl"):
+    for name in (
+        "GRPO (published)",
+        "TRL GRPO use_bias_correction_kl=False",
+        "verl kl_loss_type=low_var_kl",
+    ):
         assert audit.rel_err(kl_part(name, False), ref) <= TOL, name
-    assert audit.rel_err(kl_part("TRL GRPO use_bias_correction_kl=True", False), kl_part("grpo-corrected", True)) <= TOL
+    assert (
+        audit.rel_err(
+            kl_part("TRL GRPO use_bias_correction_kl=True", False), kl_part("grpo-corrected", True)
+        )
+        <= TOL
+    )
 
 
 def test_low_var_kl_clamp_does_not_bind_in_the_settings():
-    """verl clamps k3 to [-10, 10]; the settings keep k3 below 10, so the clamp changes nothing here."""
+    """verl clamps k3 to [-10, 10]; the settings keep k3 below 10, so the clamp changes nothing
+    here."""
     worst = max(float(audit_adapters.k3(p.tokens(p.theta), p.ref_tok).max())
                 for p in (audit.make_problem(s, h) for s in audit.SETTINGS for h in audit.HORIZONS))
     assert 0 < worst < 10
@@ -183,12 +214,14 @@ def test_every_library_loss_has_an_adapter():
 
 
 def test_kl_return_to_go_by_hand_and_reinforce_pp_whitens_it():
-    """r_t = R [t last] - beta (log pi_old - log pi_ref)_t, A_t = sum_{s>=t} r_s; reinforce_pp whitens A."""
+    """r_t = R [t last] - beta (log pi_old - log pi_ref)_t, A_t = sum_{s>=t} r_s; reinforce_pp
+    whitens A."""
     R = torch.tensor([2.0, -1.0], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.3, -9.0]], dtype=torch.float64)
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.2, -0.1, -9.0]], dtype=torch.float64)
-    b = 0.1                                                         # k1 = old - ref = [[0.5, -1, 0], [0, -0.2, 0]]
+    # k1 = old - ref = [[0.5, -1, 0], [0, -0.2, 0]]
+    b = 0.1
     want = torch.tensor([[2 - b * (0.5 - 1 + 0), 2 - b * (-1 + 0), 2.0],
                          [-1 - b * (0 - 0.2), -1 - b * -0.2, 0.0]], dtype=torch.float64)
     assert torch.allclose(kl_return_to_go(R, mask, old, ref, b), want, atol=1e-15, rtol=0)
@@ -201,12 +234,27 @@ def test_token_mean_divides_the_expected_gradient_by_the_horizon():
     """The convention's claim: with fixed-length responses, token-mean aggregation gives the
     seq-mean-token-sum expected gradient divided by H (same verdicts, same beta)."""
     fn = LOSSES["rpg-urkl"]
-    mean = audit.Adapter("urkl token-mean", lambda lp, o, r, a, m: fn(lp, o, a, m, beta=0.5, ref_logp=r,
-                                                                       agg="token-mean")[0], 0.5, "t", True)
-    tsum = audit.Adapter("urkl token-sum", lambda lp, o, r, a, m: fn(lp, o, a, m, beta=0.5, ref_logp=r,
-                                                                      agg="seq-mean-token-sum")[0], 0.5, "t", True)
+    mean = audit.Adapter(
+        "urkl token-mean",
+        lambda lp, o, r, a, m: fn(lp, o, a, m, beta=0.5, ref_logp=r, agg="token-mean")[0],
+        0.5,
+        "t",
+        True,
+    )
+    tsum = audit.Adapter(
+        "urkl token-sum",
+        lambda lp, o, r, a, m: fn(lp, o, a, m, beta=0.5, ref_logp=r, agg="seq-mean-token-sum")[0],
+        0.5,
+        "t",
+        True,
+    )
     prob = audit.make_problem(audit.Setting(False, False), 3)
-    assert audit.rel_err(3 * audit.expected_grad(mean, prob, prob.R), audit.expected_grad(tsum, prob, prob.R)) <= TOL
+    assert (
+        audit.rel_err(
+            3 * audit.expected_grad(mean, prob, prob.R), audit.expected_grad(tsum, prob, prob.R)
+        )
+        <= TOL
+    )
 
 
 def test_a_batch_coupled_loss_is_refused():
@@ -241,7 +289,9 @@ def test_cli_writes_table_markdown_and_json(tmp_path):
     md, js = tmp_path / "t.md", tmp_path / "t.json"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = audit.main(["--only", "rpg-urkl", "--horizons", "1", "2", "--markdown", str(md), "--json", str(js)])
+        rc = audit.main(
+            ["--only", "rpg-urkl", "--horizons", "1", "2", "--markdown", str(md), "--json", str(js)]
+        )
     assert rc == 0
     assert "rpg-urkl | token" in out.getvalue() and "Σt KL(π‖ref)" in out.getvalue()
     data = json.loads(js.read_text(encoding="utf-8"))
@@ -284,15 +334,28 @@ def test_readme_example_runs():
     assert m, "README lost its <!-- audit-example --> block"
     code = m.group(1)
     assert len(code.strip().splitlines()) <= 12
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         check=False, env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=dict(os.environ, PYTHONIOENCODING="utf-8"),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
-    ends = [x.rstrip().rsplit(" | ", 1)[1] for x in run.stdout.splitlines() if x.startswith("my-loss")]
+    ends = [
+        x.rstrip().rsplit(" | ", 1)[1] for x in run.stdout.splitlines() if x.startswith("my-loss")
+    ]
     assert sorted(ends) == ["0 (every D: 0)"] + ["Σt KL(π‖ref)"] * 3      # H = 3, the four settings
 
 
 def test_every_relative_error_is_finite(rows):
-    assert all(math.isfinite(e) for r in rows for e in itertools.chain([r["reward_rel_err"]], r["kl_errs"].values()))
+    assert all(
+        math.isfinite(e)
+        for r in rows
+        for e in itertools.chain([r["reward_rel_err"]], r["kl_errs"].values())
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -305,15 +368,21 @@ def _urkl(lp, o, r, a, m):
 
 def _as(dtype):
     """The same loss computed in another precision (inputs cast, as `.float()` code does)."""
-    return lambda lp, o, r, a, m: _urkl(lp.to(dtype), o.to(dtype), r.to(dtype), a.to(dtype), m.to(dtype))
+    return lambda lp, o, r, a, m: _urkl(
+        lp.to(dtype), o.to(dtype), r.to(dtype), a.to(dtype), m.to(dtype)
+    )
 
 
 def test_float32_twin_is_judged_at_its_precision():
-    """A float32 twin of a correct loss gets the float64 loss's verdicts, labelled with its precision and
-    error (below the 1.2e-5 tolerance, above 1e-10), and passes the mean-over-responses check at that
+    """A float32 twin of a correct loss gets the float64 loss's verdicts, labelled with its
+    precision and error (below the 1.2e-5 tolerance, above 1e-10), and passes the
+    mean-over-responses check at
+    that
     precision: no false diagnosis."""
     exact = audit.audit([audit.Adapter("f64", _urkl, 0.5, "t", True)], horizons=(1, 2), fit=False)
-    low = audit.audit([audit.Adapter("f32", _as(torch.float32), 0.5, "t", True)], horizons=(1, 2), fit=False)
+    low = audit.audit(
+        [audit.Adapter("f32", _as(torch.float32), 0.5, "t", True)], horizons=(1, 2), fit=False
+    )
     for r64, r32 in zip(exact, low):
         assert r32["precision"] == "float32" and r64["precision"] == "float64"
         assert r32["kl_matches"] == r64["kl_matches"] and r32["reward_exact"] == r64["reward_exact"]
@@ -323,20 +392,22 @@ def test_float32_twin_is_judged_at_its_precision():
 
 
 def test_16bit_loss_is_refused_not_misdiagnosed():
-    with pytest.raises(ValueError, match="computes in bfloat16.*too coarse"):
+    with pytest.raises(ValueError, match=r"computes in bfloat16.*too coarse"):
         audit.audit([audit.Adapter("bf16", _as(torch.bfloat16), 0.5, "t", True)], horizons=(1,))
 
 
 def _k3_in_reward(lp, o, r, a, m):
     """k3(pi_ref/pi_old) in the reward, return-to-go, REINFORCE with per-token ratios (no clip)."""
     k3_old = torch.expm1(r - o) - (r - o)                                   # [B, H], constants
-    a_tok = a[:, None] - 0.5 * (k3_old.flip(1).cumsum(1).flip(1))          # R - beta sum_{s>=t} k3_s
+    # R - beta sum_{s>=t} k3_s
+    a_tok = a[:, None] - 0.5 * (k3_old.flip(1).cumsum(1).flip(1))
     return (-torch.exp(lp - o) * a_tok * m).sum(1).mean()
 
 
 def test_k3_in_the_reward_is_found_as_a_combination():
-    """On-policy, E[sum_t grad log pi(y_t) sum_{s>=t} k3_s] with k3 frozen is grad E_pi[sum_t k3_t] =
-    grad KL(pi||ref) - grad sum_t KL(ref||pi) (derived in audit_expectations.py): the fit finds exactly
+    """On-policy, E[sum_t grad log pi(y_t) sum_{s>=t} k3_s] with k3 frozen is grad E_pi[sum_t k3_t]
+    = grad KL(pi||ref) - grad sum_t KL(ref||pi) (derived in audit_expectations.py): the fit finds
+    exactly
     these coefficients (1, -1), the same on every draw, and no single candidate matches."""
     ad = audit.Adapter("k3-in-reward", _k3_in_reward, 0.5, "t", True)
     for r in audit.audit([ad], horizons=(2, 3)):
@@ -355,34 +426,45 @@ def _entropy_bonus(lp, o, r, a, m):
 
 
 def _abs_k1(lp, o, r, a, m):
-    """|log pi/pi_ref| per token (verl's abs): gradient sign(log rho) grad log pi, a divergence of no kind."""
+    """|log pi/pi_ref| per token (verl's abs): gradient sign(log rho) grad log pi, a divergence of
+    no kind."""
     return (0.5 * (lp - r).abs() * m).sum(1).mean()
 
 
 @pytest.mark.parametrize("fn", [_entropy_bonus, _abs_k1])
 def test_a_non_kl_objective_is_never_a_combination(fn):
-    """At V = 3, H = 1 the KL gradient of one draw has 2 dimensions, so one draw fits ANY vector with two
-    candidates (checked below: the test can fail); with the same coefficients required on many draws the
+    """At V = 3, H = 1 the KL gradient of one draw has 2 dimensions, so one draw fits ANY vector
+    with two candidates (checked below: the test can fail); with the same coefficients required on
+    many draws
+    the
     entropy bonus and |log rho| are reported as no combination in every setting and horizon."""
     ad = audit.Adapter(fn.__name__, fn, 0.5, "t", True)
     rows = audit.audit([ad], horizons=(1, 2, 3))
-    assert all(r["kl_combination"] is None and not r["kl_matches"] for r in rows if r["kl_grad_norm"] > 1e-4)
+    assert all(
+        r["kl_combination"] is None and not r["kl_matches"]
+        for r in rows
+        if r["kl_grad_norm"] > 1e-4
+    )
     prob = audit.make_problem(audit.Setting(False, False), 1)
     cands = audit.candidate_grads(prob)
     A = torch.stack([0.5 * cands["seq-rkl"], 0.5 * cands["seq-fkl"]], 1)
     g = audit.expected_grad(ad, prob, torch.zeros_like(prob.R))
     coef = torch.linalg.lstsq(A, g[:, None]).solution
-    assert audit.rel_err(A @ coef[:, 0], g) < 1e-10                         # one draw: a spurious "fit"
+    # one draw: a spurious "fit"
+    assert audit.rel_err(A @ coef[:, 0], g) < 1e-10
 
 
 def _neg_entropy(logp, old, ref):
-    """-sum_t E_{h ~ pi_old} H(pi(.|h)) over every response: sum_t sum_y pi_old(y without t) pi(y_t|h) log pi(y_t|h)."""
-    rest = old.sum(1, keepdim=True) - old                                   # [N, H] log pi_old of the other tokens
+    """-sum_t E_{h ~ pi_old} H(pi(.|h)) over every response: sum_t sum_y pi_old(y without t)
+    pi(y_t|h) log pi(y_t|h)."""
+    # [N, H] log pi_old of the other tokens
+    rest = old.sum(1, keepdim=True) - old
     return (rest.exp() * logp.exp() * logp).sum()
 
 
 def test_user_objective_is_matched_for_every_theta():
-    """The entropy bonus follows E[R] - beta * (-sum_t H) exactly, for every theta, once the user names it."""
+    """The entropy bonus follows E[R] - beta * (-sum_t H) exactly, for every theta, once the user
+    names it."""
     ad = audit.Adapter("entropy", _entropy_bonus, 0.5, "t", True)
     rows = audit.audit([ad], horizons=(1, 2, 3), objectives={"-Σt H(π)": _neg_entropy})
     assert all("user:-Σt H(π)" in r["kl_matches"] for r in rows)
@@ -395,19 +477,25 @@ def test_max_ratio_is_reached_exactly():
     for h in (2, 3):
         p = audit.make_problem(audit.Setting(False, False), h, 0, pol)
         assert abs(audit.max_token_ratio(p.theta, p.old) - 20.0) < 1e-9
-    with pytest.raises(ValueError, match=r"not reached by these policies \(at most 5.83 = 1 / the smallest"):
-        audit.make_problem(audit.Setting(False, False), 1, 0, pol)            # one prefix: min pi_old = 0.17
+    with pytest.raises(
+        ValueError, match=r"not reached by these policies \(at most 5.83 = 1 / the smallest"
+    ):
+        # one prefix: min pi_old = 0.17
+        audit.make_problem(audit.Setting(False, False), 1, 0, pol)
 
 
 def test_cli_audits_a_loss_file_and_a_module(tmp_path, monkeypatch, capsys):
     """`rpg-audit --loss FILE.py:NAME` and `--loss module:NAME` in one call each; --beta reaches the
-    verdict; the JSON rows carry the expected-gradient vectors (KL part = beta grad D where matched)."""
+    verdict; the JSON rows carry the expected-gradient vectors (KL part = beta grad D where
+    matched)."""
     (tmp_path / "mine.py").write_text(
         "import torch\n"
         "def loss(logp, old_logp, ref_logp, advantages, mask):\n"
         "    w = torch.exp(logp - old_logp)\n"
         "    k3 = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1\n"
-        "    return ((-w * advantages[:, None] + 0.1 * w * k3) * mask).sum(1).mean()\n", encoding="utf-8")
+        "    return ((-w * advantages[:, None] + 0.1 * w * k3) * mask).sum(1).mean()\n",
+        encoding="utf-8",
+    )
     js = tmp_path / "rows.json"
     assert audit.main(["--loss", f"{tmp_path / 'mine.py'}:loss", "--beta", "0.1", "--horizons", "2",
                        "--json", str(js)]) == 0
@@ -415,12 +503,18 @@ def test_cli_audits_a_loss_file_and_a_module(tmp_path, monkeypatch, capsys):
     assert [r["kl_matches"] for r in rows if not r["kl_all_zero"]] == [["tok-rkl"]] * 3
     for r in rows:
         if r["kl_matches"] == ["tok-rkl"]:
-            assert audit.rel_err(torch.tensor(r["grad_kl_part"]), torch.tensor(r["kl_targets"]["tok-rkl"])) < 1e-10
+            assert (
+                audit.rel_err(
+                    torch.tensor(r["grad_kl_part"]), torch.tensor(r["kl_targets"]["tok-rkl"])
+                )
+                < 1e-10
+            )
         assert len(r["grad_reward_part"]) == len(r["grad_reward_target"]) == 4 * 3
     monkeypatch.syspath_prepend(str(tmp_path))
     capsys.readouterr()
     assert audit.main(["--loss", "mine:loss", "--beta", "0.2", "--horizons", "2"]) == 0
-    out = capsys.readouterr().out                                          # told beta 0.2, the loss uses 0.1:
+    # told beta 0.2, the loss uses 0.1:
+    out = capsys.readouterr().out
     assert "| Σt KL(π‖ref) |" not in out and "0.5·Σt KL(π‖ref) (same coefficients on" in out
 
 
@@ -432,19 +526,28 @@ def test_cli_unreachable_ratio_is_one_line(capsys):
 
 
 def test_worked_example_in_docs():
-    """docs/audit.md's single-token example: pi = (1/2, 1/2) on-policy, pi_ref = (0.8, 0.2), beta = 1/2.
-    k3 as a loss: beta (pi - pi_ref) = (-0.15, 0.15) = beta grad KL(ref||pi); w k3: beta grad KL(pi||ref)
+    """docs/audit.md's single-token example: pi = (1/2, 1/2) on-policy, pi_ref = (0.8, 0.2), beta =
+    1/2. k3 as a loss: beta (pi - pi_ref) = (-0.15, 0.15) = beta grad KL(ref||pi); w k3: beta grad
+    KL(pi||ref)
     = (-0.173287, 0.173287); k1: (0, 0). Numbers computed by hand in the doc, checked to 1e-6."""
     theta = torch.zeros(1, 2, dtype=torch.float64)
     ref = torch.log(torch.tensor([[0.8, 0.2]], dtype=torch.float64))
-    prob = audit.Problem(Autoregressive(2, 1), theta, theta, ref, torch.zeros(2, dtype=torch.float64))
+    prob = audit.Problem(
+        Autoregressive(2, 1), theta, theta, ref, torch.zeros(2, dtype=torch.float64)
+    )
     by = {a.name: a for a in ADAPTERS}
-    want = {"verl kl_loss_type=low_var_kl": [-0.15, 0.15], "DeepSeek-V3.2 KL term": [-0.173287, 0.173287],
-            "verl kl_loss_type=kl": [0.0, 0.0]}
+    want = {
+        "verl kl_loss_type=low_var_kl": [-0.15, 0.15],
+        "DeepSeek-V3.2 KL term": [-0.173287, 0.173287],
+        "verl kl_loss_type=kl": [0.0, 0.0],
+    }
     for name, w in want.items():
         g = audit.expected_grad(by[name], prob, torch.zeros(2, dtype=torch.float64))
         assert torch.allclose(g, torch.tensor(w, dtype=torch.float64), atol=1e-6, rtol=0), (name, g)
     cands = audit.candidate_grads(prob)
-    assert torch.allclose(0.5 * cands["seq-fkl"], torch.tensor([-0.15, 0.15], dtype=torch.float64), atol=1e-12)
-    assert torch.allclose(0.5 * cands["seq-rkl"], torch.tensor([-0.173287, 0.173287], dtype=torch.float64),
-                          atol=1e-6)
+    assert torch.allclose(
+        0.5 * cands["seq-fkl"], torch.tensor([-0.15, 0.15], dtype=torch.float64), atol=1e-12
+    )
+    assert torch.allclose(
+        0.5 * cands["seq-rkl"], torch.tensor([-0.173287, 0.173287], dtype=torch.float64), atol=1e-6
+    )

@@ -1,6 +1,7 @@
 """rpg-audit on the peers' own code, each pinned to the version it was run on: OpenRLHF 0.11.2,
-SkyRL 0.3.1 (skyrl-train) and 0.4.0 (skyrl), AReaL 1.0.4, Oat 0.2.4 (rpg_ref/audit/adapters/peers.py).
-Verdicts pinned against the hand derivations in audit_expectations.py; the committed rows of
+SkyRL 0.3.1 (skyrl-train) and 0.4.0 (skyrl), AReaL 1.0.4, Oat 0.2.4
+(rpg_ref/audit/adapters/peers.py). Verdicts pinned against the hand derivations in
+audit_expectations.py; the committed rows of
 docs/audit.md; the defects the audit finds.
 
 Needs the peers installed with --no-deps (CI builds .venv-audit and sets RPG_AUDIT_PEERS=1, which
@@ -33,14 +34,21 @@ def rows():
 
 def test_every_pinned_peer_is_installed():
     assert not NOTES, NOTES
-    assert {a.library for a in ADAPTERS} == {"OpenRLHF 0.11.2", "SkyRL 0.3.1", "SkyRL 0.4.0", "AReaL 1.0.4",
-                                              "Oat 0.2.4"}
+    assert {a.library for a in ADAPTERS} == {
+        "OpenRLHF 0.11.2",
+        "SkyRL 0.3.1",
+        "SkyRL 0.4.0",
+        "AReaL 1.0.4",
+        "Oat 0.2.4",
+    }
 
 
 @pytest.mark.parametrize("ad", ADAPTERS, ids=lambda a: a.name)
 def test_peer_verdict(rows, ad):
-    """The peer's own code gets the verdicts derived by hand (audit_expectations.py): single candidates,
-    combinations (AReaL's k3 in the reward: KL(pi||ref) - sum_t KL(ref||pi) on-policy) and reward parts."""
+    """The peer's own code gets the verdicts derived by hand (audit_expectations.py): single
+    candidates,
+    combinations (AReaL's k3 in the reward: KL(pi||ref) - sum_t KL(ref||pi) on-policy) and reward
+    parts."""
     assert_verdicts(rows, ad, len(audit.SETTINGS) * len(audit.HORIZONS))
 
 
@@ -52,27 +60,43 @@ def test_float32_peers_are_judged_at_float32(rows):
 
 
 def test_skyrl_031_kl_loss_has_no_gradient():
-    """SkyRL 0.3.1's compute_approx_kl runs under @torch.no_grad(): its KL value carries no gradient;
+    """SkyRL 0.3.1's compute_approx_kl runs under @torch.no_grad(): its KL value carries no
+    gradient;
     0.4.0's does."""
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
-    old = load_defs("skyrl-train", "0.3.1", "skyrl_train/utils/ppo_utils.py", ["compute_approx_kl"], peers.TORCH_ENV)
-    new = load_defs("skyrl", "0.4.0", "skyrl/backends/skyrl_train/utils/ppo_utils.py", ["compute_approx_kl"],
-                    peers.TORCH_ENV)
+    old = load_defs(
+        "skyrl-train",
+        "0.3.1",
+        "skyrl_train/utils/ppo_utils.py",
+        ["compute_approx_kl"],
+        peers.TORCH_ENV,
+    )
+    new = load_defs(
+        "skyrl",
+        "0.4.0",
+        "skyrl/backends/skyrl_train/utils/ppo_utils.py",
+        ["compute_approx_kl"],
+        peers.TORCH_ENV,
+    )
     assert not old["compute_approx_kl"](logp, ref, kl_estimator_type="k3").requires_grad
     assert new["compute_approx_kl"](logp, ref, kl_estimator_type="k3").requires_grad
 
 
 def test_openrlhf_unbiased_gradient_is_biased_where_its_clamp_binds():
-    """OpenRLHF's unbiased_gradient weights k1 grad log pi by w = pi/pi_old clamped at 10: with ratios
-    up to 5 it follows sum_t KL(pi||ref) off-policy; with ratios up to 30 (the clamp binds) it follows
+    """OpenRLHF's unbiased_gradient weights k1 grad log pi by w = pi/pi_old clamped at 10: with
+    ratios up to 5 it follows sum_t KL(pi||ref) off-policy; with ratios up to 30 (the clamp binds)
+    it
+    follows
     no candidate (relative error > 0.1), while on-policy (w = 1) it still does."""
     ad = next(a for a in ADAPTERS if a.name == "OpenRLHF kl_estimator=k3 unbiased_gradient=True")
     for ratio, binds in ((5.0, False), (30.0, True)):
         pol = audit.Policies(max_ratio=ratio, logit_scale=2.0)
         for r in audit.audit([ad], horizons=(2, 3), policies=pol, fit=False):
             if not r["on_policy"]:
-                assert (r["kl_matches"] == []) == binds and (not binds or r["kl_closest_err"] > 0.1), r
+                assert (r["kl_matches"] == []) == binds and (
+                    not binds or r["kl_closest_err"] > 0.1
+                ), r
             elif not r["ref_is_old"]:
                 assert r["kl_matches"] == ["tok-rkl"]
 

@@ -23,7 +23,9 @@ def rows():
 
 
 def test_trl_version_and_settings():
-    assert not NOTES and len(OWN) == 4 and all(a.library == "TRL 1.16.0" and a.own_code for a in OWN)
+    assert (
+        not NOTES and len(OWN) == 4 and all(a.library == "TRL 1.16.0" and a.own_code for a in OWN)
+    )
 
 
 @pytest.mark.parametrize("ad", OWN, ids=lambda a: a.name)
@@ -36,7 +38,8 @@ def test_trl_verdict(rows, ad):
 
 @pytest.mark.parametrize("bc", [False, True])
 def test_trl_own_code_equals_its_docs_twin(bc):
-    """At token level TRL's _compute_loss and the twin written from its docs agree in value and gradient
+    """At token level TRL's _compute_loss and the twin written from its docs agree in value and
+    gradient
     (float64) on a batch where PPO clipping binds."""
     own = next(a for a in OWN if a.level == "token" and a.name.endswith(f"={bc}"))
     twin = next(a for a in docs_adapters() if a.name == f"TRL GRPO use_bias_correction_kl={bc}")
@@ -44,7 +47,10 @@ def test_trl_own_code_equals_its_docs_twin(bc):
     logp = -torch.rand(6, 3, generator=g, dtype=torch.float64) * 2 - 0.05
     old = logp + 0.8 * torch.randn(6, 3, generator=g, dtype=torch.float64)
     ref = logp + 0.8 * torch.randn(6, 3, generator=g, dtype=torch.float64)
-    adv, mask = torch.randn(6, generator=g, dtype=torch.float64), torch.ones(6, 3, dtype=torch.float64)
+    adv, mask = (
+        torch.randn(6, generator=g, dtype=torch.float64),
+        torch.ones(6, 3, dtype=torch.float64),
+    )
     out = []
     for a in (own, twin):
         x = logp.clone().requires_grad_(True)
@@ -58,7 +64,9 @@ def test_trl_own_code_equals_its_docs_twin(bc):
 
 
 def test_committed_trl_rows_match_a_fresh_run(rows):
-    old = {k: v for k, v in table_lines(committed_table()).items() if k[2] == "TRL 1.16.0: own code"}
+    old = {
+        k: v for k, v in table_lines(committed_table()).items() if k[2] == "TRL 1.16.0: own code"
+    }
     new = table_lines(audit.to_markdown(rows))
     assert set(old) == set(new) and len(new) == len(OWN) * len(audit.SETTINGS)
     for k in new:

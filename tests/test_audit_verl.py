@@ -1,5 +1,6 @@
-"""rpg-audit's verl adapters: verl 0.9.1's own actor loss (verl.workers.utils.losses.ppo_loss with the
-vanilla policy loss and use_kl_loss=True) for every kl_loss_type, its verdicts pinned, its agreement
+"""rpg-audit's verl adapters: verl 0.9.1's own actor loss (verl.workers.utils.losses.ppo_loss with
+the vanilla policy loss and use_kl_loss=True) for every kl_loss_type, its verdicts pinned, its
+agreement
 with the twins written from verl's docs, and its rows of docs/audit.md.
 
 Needs verl (CI runs this file in .venv-verl); skipped otherwise.
@@ -8,8 +9,11 @@ Needs verl (CI runs this file in .venv-verl); skipped otherwise.
 import pytest
 import torch
 
-verl = pytest.importorskip("verl", reason="verl is not installed in this environment: the verl audit "
-                           "adapters run in their own venv (.ci/run creates .venv-verl)")
+verl = pytest.importorskip(
+    "verl",
+    reason="verl is not installed in this environment: the verl audit "
+    "adapters run in their own venv (.ci/run creates .venv-verl)",
+)
 
 from audit_expectations import (
     assert_verdicts,
@@ -40,14 +44,18 @@ def test_verl_version_and_every_kl_type():
 
 @pytest.mark.parametrize("ad", OWN, ids=lambda a: a.name)
 def test_verl_own_code_equals_its_docs_twin(ad):
-    """verl's ppo_loss and the twin written from verl's docs give the same loss and gradient (float64)
+    """verl's ppo_loss and the twin written from verl's docs give the same loss and gradient
+    (float64)
     on a random batch with ratios far from 1 (PPO clip and the dual clip both bind)."""
     g = torch.Generator().manual_seed(3)
     B, H = 8, 3
     logp = -torch.rand(B, H, generator=g, dtype=torch.float64) * 2 - 0.05
     old = logp + 0.8 * torch.randn(B, H, generator=g, dtype=torch.float64)
     ref = logp + 0.8 * torch.randn(B, H, generator=g, dtype=torch.float64)
-    adv, mask = torch.randn(B, generator=g, dtype=torch.float64), torch.ones(B, H, dtype=torch.float64)
+    adv, mask = (
+        torch.randn(B, generator=g, dtype=torch.float64),
+        torch.ones(B, H, dtype=torch.float64),
+    )
     grads = []
     for a in (ad, TWINS[ad.name]):
         x = logp.clone().requires_grad_(True)
@@ -55,7 +63,9 @@ def test_verl_own_code_equals_its_docs_twin(ad):
         value.backward()
         grads.append((value.detach(), x.grad))
     (v1, g1), (v2, g2) = grads
-    assert torch.allclose(v1, v2, rtol=1e-12, atol=0) and torch.allclose(g1, g2, rtol=1e-12, atol=1e-15)
+    assert torch.allclose(v1, v2, rtol=1e-12, atol=0) and torch.allclose(
+        g1, g2, rtol=1e-12, atol=1e-15
+    )
     w = torch.exp(logp - old)
     assert bool(((w < 0.8) | (w > 1.2)).any()) and bool(((w > 3) & (adv[:, None] < 0)).any())
 
@@ -68,7 +78,9 @@ def test_verl_verdict(rows, ad):
 
 def test_committed_verl_rows_match_a_fresh_run(rows):
     """docs/audit.md's 'verl 0.9.1: own code' lines are this run's."""
-    old = {k: v for k, v in table_lines(committed_table()).items() if k[2] == "verl 0.9.1: own code"}
+    old = {
+        k: v for k, v in table_lines(committed_table()).items() if k[2] == "verl 0.9.1: own code"
+    }
     new = table_lines(audit.to_markdown(rows))
     assert set(old) == set(new) and len(new) == len(OWN) * len(audit.SETTINGS)
     for k in new:

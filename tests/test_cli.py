@@ -93,8 +93,16 @@ def test_default_out_is_unique_per_configuration():
     a = out("--steps", "5", "--lr", "0.001")
     assert a.startswith("runs/seq-rpg-reinforce-urkl-s0-") and len(a.rsplit("-", 1)[1]) == 6
     assert out("--lr", "0.001", "--steps", "5") == a
-    others = {a, out("--steps", "5"), out("--steps", "6"), out("--lr", "0.001"), out("--seq-digits", "3"),
-              out("--clip", "0.2", "0.28"), out("--no-clip"), out("--beta", "0.01")}
+    others = {
+        a,
+        out("--steps", "5"),
+        out("--steps", "6"),
+        out("--lr", "0.001"),
+        out("--seq-digits", "3"),
+        out("--clip", "0.2", "0.28"),
+        out("--no-clip"),
+        out("--beta", "0.01"),
+    }
     assert len(others) == 8, others
     assert out("--preset", "bandit") == "runs/bandit-rpg-reinforce-urkl-s0"
     assert out("--task", "bandit") == "runs/bandit-rpg-reinforce-urkl-s0"
@@ -111,7 +119,7 @@ def _start(argv: list, cwd: Path) -> subprocess.Popen:
     # with SIGINT ignored, which its children would inherit (and Python then keeps ignoring it)
     return subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_rows(p: subprocess.Popen, metrics: Path, n: int, limit_s: float = 600) -> None:

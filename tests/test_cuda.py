@@ -45,9 +45,11 @@ def test_cuda_graph_replays_sample_from_the_updated_weights_without_recompiling(
     eager engine decodes from the updated weights (the replays read the new weights, not those
     the graph was recorded with), every first token changes (argmax became argmin), and dynamo
     compiles nothing new (error_on_recompile)."""
-    from rpg_ref.tasks.math import MathPolicy
+    from rpg_ref.models.policy import HFPolicy
 
-    policy = MathPolicy(tiny_qwen3(sharpen=4.0, dtype=torch.float32), "bf16-autocast").to(DEVICE).eval()
+    policy = (
+        HFPolicy(tiny_qwen3(sharpen=4.0, dtype=torch.float32), "bf16-autocast").to(DEVICE).eval()
+    )
     e = engine(policy, eos=None, compile="on")
     assert e.copy is not None
     for _ in range(2):  # warm-up and recording

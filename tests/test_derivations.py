@@ -38,7 +38,9 @@ def claim_test(check, status="pass"):
         def test():
             row = check(fast=True)
             detail = "\n".join(row["detail"])
-            assert row["status"] == status, f"{row['id']} ({row['label']}): {row['status']}\n{detail}"
+            assert row["status"] == status, (
+                f"{row['id']} ({row['label']}): {row['status']}\n{detail}"
+            )
             assert row["passed"]
         test.__name__ = fn.__name__
         test.__doc__ = check.claim
@@ -179,9 +181,12 @@ def test_importable_tables_for_figures():
     assert [r["distance"] for r in curve] == [0.0, 1.0]
     assert all(r["corrected_rel_err"] < 1e-10 for r in curve)      # w*k3 is exact for every theta
     assert curve[1]["rel_err"] > 1e-2                               # the published term is not
-    assert grpo_kl.error_curve(distances=(0.0,), ref_dist=None)[0]["rel_err"] is None   # 0/0 at theta_old
+    # 0/0 at theta_old
+    assert grpo_kl.error_curve(distances=(0.0,), ref_dist=None)[0]["rel_err"] is None
     rows = variance.variance_table(policies=(("on-policy", 0.0),))
-    assert {r["loss"] for r in rows} == set(variance.LOSS_NAMES) and all(r["var_per_sample"] > 0 for r in rows)
+    assert {r["loss"] for r in rows} == set(variance.LOSS_NAMES) and all(
+        r["var_per_sample"] > 0 for r in rows
+    )
     clip_rows = clipping.clip_descriptions_table("urkl", 0.1, A_values=(1.0,), w_grid=(1.5,))
     assert clip_rows[0]["C Algorithm 2"] == 0.0 and clip_rows[0]["segment"].startswith("clipped")
     tv = token_sequence.token_vs_sequence_table(losses=("rpg-fkl",))
@@ -194,7 +199,16 @@ def test_cli_json_and_exit_status(tmp_path, monkeypatch, capsys):
     assert main(["--fast", "--only", "gpg", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["id"] for r in rows] == ["gpg"]
-    assert set(rows[0]) >= {"id", "label", "claim", "symbolic", "exact_max_err", "mc_max_z", "passed", "seconds"}
+    assert set(rows[0]) >= {
+        "id",
+        "label",
+        "claim",
+        "symbolic",
+        "exact_max_err",
+        "mc_max_z",
+        "passed",
+        "seconds",
+    }
     assert "thm:generalized_policy_gradient_theorem" in capsys.readouterr().out
 
     def broken(fast=False):

@@ -139,7 +139,10 @@ def test_bandit_on_2_ranks_reaches_the_regularized_optimum_of_one_process(bandit
     one = train.train(cli.parse_config([*BANDIT, "--out", str(tmp_path / "one")]))
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert np.abs(np.array(two["optimum"]) - np.array(one["optimum"])).max() < 1e-15
-    assert two["tv_distance"] < 0.02 and one["tv_distance"] < 0.02, (two["tv_distance"], one["tv_distance"])
+    assert two["tv_distance"] < 0.02 and one["tv_distance"] < 0.02, (
+        two["tv_distance"],
+        one["tv_distance"],
+    )
     assert 0.5 * np.abs(np.array(two["policy"]) - np.array(one["policy"])).sum() < 0.02
     assert len(rows(bandit_2_ranks)) == config.PRESETS["bandit"]["steps"]
 
@@ -207,7 +210,9 @@ def test_2_rank_run_resumes_bitwise_after_sigkill(killed_rank, bandit_2_ranks):
     for k in b["state"]:
         for key, v in b["state"][k].items():
             assert torch.equal(a["state"][k][key], v), (k, key)
-    strip = lambda rs: [{k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rs]
+    strip = lambda rs: [
+        {k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rs
+    ]
     assert strip(rows(out)) == strip(rows(bandit_2_ranks))
 
 
@@ -267,33 +272,76 @@ def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
 
 
 def test_math_task_on_2_ranks_trains_and_exports(tmp_path):
-    """The math task (the paper's recipe's code path: MathPolicy under bf16 autocast with gradient
+    """The math task (the paper's recipe's code path: HFPolicy under bf16 autocast with gradient
     checkpointing, the hf engine's bf16 copy, the real Qwen3 tokenizer, AMC23 problems) runs 2
     steps on 2 ranks with a 2-layer Qwen3; rank 0 writes the run, and its Hugging Face export
     holds the checkpoint's full policy (every tensor equal)."""
     from safetensors.torch import load_file
 
-    from rpg_ref.math_data import data_dir, tiny_qwen3_config
+    from rpg_ref.math.data import data_dir
+    from rpg_ref.math.tiny_model import tiny_qwen3_config
 
     if not (data_dir() / "tokenizer" / "qwen3").exists():
         pytest.skip("shared data absent: set RPG_DATA_DIR")
     model = tmp_path / "tiny.json"
     model.write_text(json.dumps(tiny_qwen3_config()))
     out = tmp_path / "run"
-    finish(torchrun(["-m", "rpg_ref.cli", "--task", "math", "--math-model", str(model),
-                     "--math-train-data", "amc23", "--math-eval-data", "aime24", "--math-eval-limit", "2",
-                     "--math-eval-n", "2", "--math-eval-k", "1", "2", "--math-checker", "normalizer",
-                     "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
-                     "--mini-batch-size", "2", "--micro-batch-size", "1", "--max-new-tokens", "4",
-                     "--overlong-buffer", "0", "--no-dynamic-sampling", "--device", "cpu",
-                     "--math-dtype", "bf16-autocast", "--math-gradient-checkpointing",
-                     "--out", str(out), "--no-progress"]))
+    finish(
+        torchrun(
+            [
+                "-m",
+                "rpg_ref.cli",
+                "--task",
+                "math",
+                "--math-model",
+                str(model),
+                "--math-train-data",
+                "amc23",
+                "--math-eval-data",
+                "aime24",
+                "--math-eval-limit",
+                "2",
+                "--math-eval-n",
+                "2",
+                "--math-eval-k",
+                "1",
+                "2",
+                "--math-checker",
+                "normalizer",
+                "--steps",
+                "2",
+                "--prompts-per-step",
+                "2",
+                "--group-size",
+                "2",
+                "--mini-batch-size",
+                "2",
+                "--micro-batch-size",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--overlong-buffer",
+                "0",
+                "--no-dynamic-sampling",
+                "--device",
+                "cpu",
+                "--math-dtype",
+                "bf16-autocast",
+                "--math-gradient-checkpointing",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+    )
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and len(rows(out)) == 2 and "eval_aime24_mean@2" in s["eval"]
     exported = load_file(str(out / "hf" / "model.safetensors"))
     trained = load_file(str(out / "checkpoints" / "step_000002" / "model.safetensors"))
     trained = {k.removeprefix("module."): v for k, v in trained.items()}
-    trained = {("model.embed_tokens.weight" if k == "lm_head.weight" else k): v for k, v in trained.items()}
+    trained = {
+        ("model.embed_tokens.weight" if k == "lm_head.weight" else k): v for k, v in trained.items()
+    }
     assert exported.keys() == trained.keys()
     for k, v in trained.items():
         assert torch.equal(exported[k], v), k

@@ -6,8 +6,9 @@ from fractions import Fraction
 import pytest
 from needs import needs_data
 
-from rpg_ref import evaluation as ev
-from rpg_ref.math_data import data_dir, load_problems, tiny_qwen3_config
+from rpg_ref.math import evaluation as ev
+from rpg_ref.math.data import data_dir, load_problems
+from rpg_ref.math.tiny_model import tiny_qwen3_config
 
 
 # --------------------------------------------------------------------------- estimators
@@ -46,11 +47,11 @@ def test_mean_at_k_and_summary_by_hand():
 
 
 def test_bad_estimator_inputs():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="c=5"):
         ev.pass_at_k(4, 5, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k=5"):
         ev.pass_at_k(4, 1, 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k=0"):
         ev.mean_at_k(4, 1, 0)
     with pytest.raises(ValueError, match="same number of samples"):
         ev.summarize([[True], [True, False]], [1])
@@ -74,7 +75,7 @@ def test_evaluate_sets_scores_decoded_responses():
     _need(data_dir() / "eval" / "aime24.jsonl")
     from transformers import AutoTokenizer
 
-    from rpg_ref.math_reward import AnswerChecker
+    from rpg_ref.math.reward import AnswerChecker
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     problems = load_problems("aime24", limit=2)
     assert [p.answer for p in problems] == ["204", "113"]
@@ -89,7 +90,9 @@ def test_evaluate_sets_scores_decoded_responses():
                                         "answer", False, ck)
     assert calls == [(2, 4)]
     r = res["aime24"]
-    assert r["mean@4"] == pytest.approx(3 / 8, abs=1e-15) and r["pass@1"] == pytest.approx(3 / 8, abs=1e-15)
+    assert r["mean@4"] == pytest.approx(3 / 8, abs=1e-15) and r["pass@1"] == pytest.approx(
+        3 / 8, abs=1e-15
+    )
     assert r["pass@4"] == pytest.approx(0.5, abs=1e-15)
     assert [d["correct"] for d in details["aime24"]] == [3, 0]
 
@@ -121,9 +124,32 @@ def test_rpg_eval_runs_on_a_tiny_random_qwen3(tmp_path, capsys):
     _need(data_dir() / "eval" / "aime24.jsonl")
     model_dir = _tiny_qwen3(tmp_path)
     out = tmp_path / "eval.json"
-    rc = ev.main(["--model", str(model_dir), "--data", "aime24", "aime25", "--limit", "2", "--n", "2",
-                  "--k", "1", "2", "--max-new-tokens", "6", "--batch-size", "4", "--device", "cpu",
-                  "--backend", "normalizer", "--out", str(out)])
+    rc = ev.main(
+        [
+            "--model",
+            str(model_dir),
+            "--data",
+            "aime24",
+            "aime25",
+            "--limit",
+            "2",
+            "--n",
+            "2",
+            "--k",
+            "1",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--backend",
+            "normalizer",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "aime24" in printed and "aime25" in printed and "pass@2" in printed

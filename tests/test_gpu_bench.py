@@ -5,17 +5,15 @@ measurements themselves need a CUDA machine)."""
 import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
+import bench_common  # small_scale/ is on the path (tests/conftest.py)
 import pytest
 import torch
 
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 SMALL_SCALE = Path(__file__).resolve().parent.parent / "small_scale"
-sys.path.insert(0, str(SMALL_SCALE))  # the benchmarks import their shared helpers, bench_common
-import bench_common
 
 _spec = importlib.util.spec_from_file_location(
     "gpu_bench", Path(__file__).resolve().parent.parent / "small_scale" / "gpu_bench.py")
@@ -24,7 +22,8 @@ _spec.loader.exec_module(gb)
 
 
 def test_step_flops_by_hand():
-    """N = 1e9, 1000 trained, 1000 log-prob and 2000 generated tokens: 6e12 + 2e12 + 4e12 = 12e12."""
+    """N = 1e9, 1000 trained, 1000 log-prob and 2000 generated tokens: 6e12 + 2e12 + 4e12 =
+    12e12."""
     f = gb.step_flops(10**9, 1000, 1000, 2000)
     assert f == {"training": 6e12, "logprob": 2e12, "generation": 4e12, "step": 12e12}
     with pytest.raises(ValueError, match="gen_tokens"):
@@ -34,7 +33,7 @@ def test_step_flops_by_hand():
 def test_mfu_by_hand():
     """12e12 FLOPs in 2 s on a 1000 TFLOP/s GPU: 6e12 FLOP/s / 1e15 = 0.006."""
     assert gb.mfu(12e12, 2.0, 1000.0) == pytest.approx(0.006, rel=1e-14)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="seconds > 0"):
         gb.mfu(1.0, 0.0, 1000.0)
 
 
@@ -58,8 +57,15 @@ def test_summarize_drops_warmup_and_takes_medians():
         gb.summarize([warm], 10**9, 4, 1000.0)
 
 
-@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.0),
-                                       ("NVIDIA H200", 989.4), ("NVIDIA A100-SXM4-80GB", 312.0)])
+@pytest.mark.parametrize(
+    "name,peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200", 989.4),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+    ],
+)
 def test_peak_lookup(name, peak):
     assert gb.peak_bf16_tflops(name) == peak
 
@@ -87,15 +93,28 @@ def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
                                  group=None, updates=None, steps=None, max_new_tokens=1024)
     gb.resolve_mode(args)
     assert args.models == ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"] and args.mode == "quick"
-    assert (args.prompts, args.group, args.updates, args.steps, args.max_new_tokens) == (4, 8, 2, 2, 1024)
+    assert (args.prompts, args.group, args.updates, args.steps, args.max_new_tokens) == (
+        4,
+        8,
+        2,
+        2,
+        1024,
+    )
     cfg = cli.parse_config(gb.train_argv("qwen3-4b", args, tmp_path / "o",
                                           bench_common.model_config("qwen3-4b", tmp_path)))
     assert (cfg.task, cfg.engine, cfg.max_new_tokens, cfg.device) == ("math", "hf", 1024, "cuda")
     assert cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size == 2
     assert (cfg.micro_batch_size, cfg.micro_batch_tokens) == (0, gb.MICRO_BATCH_TOKENS["qwen3-4b"])
     o = cfg.task_options
-    assert (o["dtype"], o["gradient_checkpointing"], o["export"], o["eval_n"]) == ("bf16-autocast", True, False, 0)
-    assert o["model"].endswith("models/qwen3-4b/config.json") and cfg.engine_options["chunk"] == "auto"
+    assert (o["dtype"], o["gradient_checkpointing"], o["export"], o["eval_n"]) == (
+        "bf16-autocast",
+        True,
+        False,
+        0,
+    )
+    assert (
+        o["model"].endswith("models/qwen3-4b/config.json") and cfg.engine_options["chunk"] == "auto"
+    )
     small = cli.parse_config(gb.train_argv("qwen3-0.6b", args, tmp_path / "s",
                                             bench_common.model_config("qwen3-0.6b", tmp_path)))
     assert not small.task_options["gradient_checkpointing"] and small.micro_batch_tokens == 16384
@@ -113,11 +132,23 @@ def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------
 # small_scale/bench_gpu_vs_trl.py and the helpers it shares with bench_trainer.py
 # ------------------------------------------------------------------------------------------
-_spec2 = importlib.util.spec_from_file_location("bench_gpu_vs_trl", SMALL_SCALE / "bench_gpu_vs_trl.py")
+_spec2 = importlib.util.spec_from_file_location(
+    "bench_gpu_vs_trl", SMALL_SCALE / "bench_gpu_vs_trl.py"
+)
 vs = importlib.util.module_from_spec(_spec2)
 _spec2.loader.exec_module(vs)
-SETTINGS = {"device": "cuda", "model": "qwen3-0.6b", "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 256,
-            "steps": 4, "beta": 1e-4, "lr": 1e-6, "seed": 0}
+SETTINGS = {
+    "device": "cuda",
+    "model": "qwen3-0.6b",
+    "prompts": 4,
+    "group": 8,
+    "updates": 2,
+    "max_new_tokens": 256,
+    "steps": 4,
+    "beta": 1e-4,
+    "lr": 1e-6,
+    "seed": 0,
+}
 
 
 def test_rollout_cycles_sum_groups_of_optimizer_steps():
@@ -125,17 +156,22 @@ def test_rollout_cycles_sum_groups_of_optimizer_steps():
     of 2 optimizer steps take 3 and 7 s (the unfinished fifth step is not a rollout)."""
     assert bench_common.rollout_cycles([0, 1, 3, 6, 10, 15], 2) == [3, 7]
     assert bench_common.rollout_cycles([0, 1, 3], 1) == [1, 2]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="per_rollout must be >= 1"):
         bench_common.rollout_cycles([0, 1], 0)
 
 
 def test_ratio_rows_and_headline_ratios_by_hand():
     """Step times [2, 4, 3] (median 3) vs TRL's [9, 12] (median 10.5): 3.5x faster; 6 GiB vs 8 GiB
     peak: 0.75 of TRL's memory."""
-    ours, trl = {"step_s": [2.0, 4.0, 3.0], "peak_gib": 6.0}, {"step_s": [9.0, 12.0], "peak_gib": 8.0}
+    ours, trl = (
+        {"step_s": [2.0, 4.0, 3.0], "peak_gib": 6.0},
+        {"step_s": [9.0, 12.0], "peak_gib": 8.0},
+    )
     r = vs.compare(ours, trl)
     assert (r["speedup_vs_trl"], r["peak_memory_ratio"]) == (3.5, 0.75)
-    rows = bench_common.ratio_rows(ours, trl, [("step", "step_s", ".1f"), ("mem", "peak_gib", ".0f")])
+    rows = bench_common.ratio_rows(
+        ours, trl, [("step", "step_s", ".1f"), ("mem", "peak_gib", ".0f")]
+    )
     assert rows[2:] == ["| step | 3.0 | 10.5 | 0.29 |", "| mem | 6 | 8 | 0.75 |"]
 
 
@@ -147,10 +183,15 @@ def test_both_trainers_get_the_same_settings(tmp_path, monkeypatch):
     cli = pytest.importorskip("rpg_ref.cli")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the flags, not this machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    cfg = cli.parse_config(vs.ours_argv(SETTINGS, tmp_path / "o", tmp_path / "m", tmp_path / "p.jsonl"))
+    cfg = cli.parse_config(
+        vs.ours_argv(SETTINGS, tmp_path / "o", tmp_path / "m", tmp_path / "p.jsonl")
+    )
     assert (cfg.prompts_per_step, cfg.group_size, cfg.max_new_tokens, cfg.lr) == (4, 8, 256, 1e-6)
     assert cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size == 2
-    assert (cfg.task_options["dtype"], cfg.task_options["gradient_checkpointing"]) == ("bf16-autocast", True)
+    assert (cfg.task_options["dtype"], cfg.task_options["gradient_checkpointing"]) == (
+        "bf16-autocast",
+        True,
+    )
     t = vs.trl_config(SETTINGS, tmp_path / "t")
     assert t["per_device_train_batch_size"] * t["steps_per_generation"] == 32
     assert (t["num_generations"], t["max_completion_length"], t["learning_rate"]) == (8, 256, 1e-6)
@@ -158,8 +199,14 @@ def test_both_trainers_get_the_same_settings(tmp_path, monkeypatch):
     assert t["max_steps"] == SETTINGS["steps"] * SETTINGS["updates"]
 
 
-@pytest.mark.parametrize("change,msg", [({"steps": 1}, "--steps >= 2"), ({"beta": 0.0}, "--beta > 0"),
-                                        ({"updates": 3}, "do not split")])
+@pytest.mark.parametrize(
+    "change,msg",
+    [
+        ({"steps": 1}, "--steps >= 2"),
+        ({"beta": 0.0}, "--beta > 0"),
+        ({"updates": 3}, "do not split"),
+    ],
+)
 def test_bad_settings_are_refused(change, msg):
     assert msg in vs.check({**SETTINGS, **change}) and vs.check(SETTINGS) is None
 
@@ -197,7 +244,13 @@ def test_gpu_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
     assert "qwen3-tiny:" in capsys.readouterr().out
     d = json.loads(out.read_text())
     assert d["device"].startswith("CPU") and d["mode"] == "smoke" and "--device cpu" in d["command"]
-    assert d["settings"] == {"steps": 2, "prompts": 2, "group": 2, "updates": 1, "max_new_tokens": 16}
+    assert d["settings"] == {
+        "steps": 2,
+        "prompts": 2,
+        "group": 2,
+        "updates": 1,
+        "max_new_tokens": 16,
+    }
     r = d["models"]["qwen3-tiny"]
     assert r["steps_measured"] == 1 and len(r["raw_steps"]) == 2
     step = r["raw_steps"][1]  # the measured one (the first is warm-up)
@@ -206,7 +259,8 @@ def test_gpu_bench_runs_end_to_end_on_cpu(tmp_path, capsys):
     assert gen == pytest.approx(4 * step["response_len"], rel=1e-6)
     n = r["params"]
     trained = step["train_tokens_per_s"] * step["time_update"]
-    assert trained == pytest.approx(4 * step["response_len"], rel=1e-6)  # one optimizer step, one epoch
+    # one optimizer step, one epoch
+    assert trained == pytest.approx(4 * step["response_len"], rel=1e-6)
     flops = 6 * n * trained + 2 * n * 4 * step["response_len"] + 2 * n * gen
     assert r["mfu_step"] == pytest.approx(flops / (step["time_step"] * 0.5e12), rel=1e-9)
     assert r["step_time_s"] == step["time_step"] and r["peak_mem_gib"] > 0
@@ -219,13 +273,17 @@ def test_gpu_vs_trl_runs_end_to_end_on_cpu(tmp_path, capsys):
     ratios are those of the workers' own measurements: speed-up = median(TRL step seconds) /
     median(rpg-train step seconds), memory = peak RSS ours / TRL's, over the 2 steps after
     warm-up."""
-    pytest.importorskip("trl", reason="TRL is the peer of this benchmark: pip install 'rpg-ref[bench]'")
+    pytest.importorskip(
+        "trl", reason="TRL is the peer of this benchmark: pip install 'rpg-ref[bench]'"
+    )
     pytest.importorskip("datasets")
     assert vs.main(["--device", "cpu", "--out", str(tmp_path)]) == 0
     assert "speed-up (TRL step time / ours)" in capsys.readouterr().out
     r = json.loads((tmp_path / "qwen3-tiny-cpu" / "result.json").read_text())
     assert r["settings"]["device"] == "cpu" and r["device"].startswith("CPU")
     assert len(r["ours"]["step_s"]) == len(r["trl"]["step_s"]) == 2
-    assert r["speedup_vs_trl"] == statistics.median(r["trl"]["step_s"]) / statistics.median(r["ours"]["step_s"])
+    assert r["speedup_vs_trl"] == statistics.median(r["trl"]["step_s"]) / statistics.median(
+        r["ours"]["step_s"]
+    )
     assert r["peak_memory_ratio"] == r["ours"]["peak_gib"] / r["trl"]["peak_gib"]
     assert all(t > 0 for t in r["ours"]["step_s"] + r["trl"]["step_s"])

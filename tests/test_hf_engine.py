@@ -72,7 +72,9 @@ def test_sampler_logprobs_equal_the_policy_recomputation():
     g = engine(policy).generate(prompts, 3, 1.0, 1.0, 8)
     flat = [p for p in prompts for _ in range(3)]
     lp, mask = recomputed(policy, flat, g.responses)
-    slp = torch.tensor([x + [0.0] * (mask.shape[1] - len(x)) for x in g.logprobs], dtype=torch.float64)
+    slp = torch.tensor(
+        [x + [0.0] * (mask.shape[1] - len(x)) for x in g.logprobs], dtype=torch.float64
+    )
     assert ((lp - slp) * mask).abs().max() < 1e-10
     assert any(r[-1] == EOS for r in g.responses) and all(EOS not in r[:-1] for r in g.responses)
 
@@ -89,7 +91,9 @@ def test_static_cache_decodes_what_the_dynamic_cache_decodes():
     for static in (False, True):
         torch.manual_seed(0)
         cache = StaticCache(config=policy.config, max_cache_len=64) if static else None
-        out[static] = decode(policy, policy, prompts, PAD, EOS, 1.0, 1.0, 8, cache=cache, cache_len=64)
+        out[static] = decode(
+            policy, policy, prompts, PAD, EOS, 1.0, 1.0, 8, cache=cache, cache_len=64
+        )
     assert torch.equal(out[True][0], out[False][0])
     assert (out[True][1] - out[False][1]).abs().max() < 1e-12
 
@@ -181,7 +185,9 @@ def test_compiled_decode_step_samples_what_the_eager_one_samples():
             torch.manual_seed(1)
             out[mode] = e.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], 2, 1.0, 1.0, 6)
     assert out["on"].responses == out["off"].responses
-    diff = max(abs(a - b) for x, y in zip(out["on"].logprobs, out["off"].logprobs) for a, b in zip(x, y))
+    diff = max(
+        abs(a - b) for x, y in zip(out["on"].logprobs, out["off"].logprobs) for a, b in zip(x, y)
+    )
     assert diff < 1e-5
 
 
@@ -245,9 +251,9 @@ def test_bf16_copy_is_rebuilt_by_sync_and_refused_when_stale():
     shared, fp32 rotary frequencies kept). sleep() frees it; after a simulated update, sampling
     without sync_weights raises WeightSyncError; sync_weights rebuilds it equal to the updated
     policy's weights cast to bf16, and sampling works again."""
-    from rpg_ref.tasks.math import MathPolicy
+    from rpg_ref.models.policy import HFPolicy
 
-    policy = MathPolicy(tiny_qwen3(dtype=torch.float32), "bf16-autocast").eval()
+    policy = HFPolicy(tiny_qwen3(dtype=torch.float32), "bf16-autocast").eval()
     e = engine(policy)
     assert all(p.dtype == torch.bfloat16 for p in e.copy.parameters())
     assert all(b.dtype == torch.float32 for b in e.copy.buffers())
@@ -313,12 +319,19 @@ def test_trainer_refreshes_the_bf16_copy_after_every_update(tmp_path, monkeypatc
 def test_chunk_option_accepts_auto_and_counts_and_old_integer_configs(tmp_path):
     """--hf-chunk is 'auto' (the default), 0 (all) or a count; a config.json written when the
     option was an int still loads; anything else is refused before any work."""
-    assert (parse_chunk("auto"), parse_chunk("0"), parse_chunk("12"), parse_chunk(32)) == (None, 0, 12, 32)
+    assert (parse_chunk("auto"), parse_chunk("0"), parse_chunk("12"), parse_chunk(32)) == (
+        None,
+        0,
+        12,
+        32,
+    )
     for bad in ("-1", "some", 1.5, None):
         with pytest.raises(ValueError, match="--hf-chunk must be"):
             parse_chunk(bad)
     cfg = cli.parse_config(["--hf-chunk", "7", "--out", str(tmp_path / "a")])
-    assert cfg.engine_options["chunk"] == "7" and HFEngine.Options(**cfg.engine_options).chunk == "7"
+    assert (
+        cfg.engine_options["chunk"] == "7" and HFEngine.Options(**cfg.engine_options).chunk == "7"
+    )
     assert HFEngine.Options(chunk=32).chunk == 32
     for flags, msg in ((["--hf-chunk", "lots"], "--hf-chunk must be"),
                        (["--hf-gen-dtype", "fp8"], "--hf-gen-dtype must be one of"),

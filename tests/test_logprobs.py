@@ -15,7 +15,16 @@ from rpg_ref.interfaces import Batch, collate
 from rpg_ref.logprobs import lm_parts, micro_batches, token_logprobs
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11], [12, 13], [3, 3, 3, 3], [5], [7, 8]]
-RESPONSES = [[2, 9, 14, 4], [5], [1, 1, 2, 3, 5, 8], [13, 7], [0, 2], [9, 9, 9], [4, 4, 4, 4, 4], [1]]
+RESPONSES = [
+    [2, 9, 14, 4],
+    [5],
+    [1, 1, 2, 3, 5, 8],
+    [13, 7],
+    [0, 2],
+    [9, 9, 9],
+    [4, 4, 4, 4, 4],
+    [1],
+]
 
 
 def tiny_qwen3(seed: int = 0, tie: bool = True):
@@ -48,13 +57,15 @@ def reference_logprobs(model, b: Batch, temperature: float):
 def policies():
     """A plain HF Qwen3 (the seq task's policy) and the math task's wrapper around one (with
     gradient checkpointing, so the chunks run inside checkpointed layers' autograd too)."""
-    from rpg_ref.tasks.math import MathPolicy
+    from rpg_ref.models.policy import HFPolicy
 
-    return {"hf": tiny_qwen3(tie=True),
-            "MathPolicy": MathPolicy(tiny_qwen3(tie=False), "float32", gradient_checkpointing=True).eval()}
+    return {
+        "hf": tiny_qwen3(tie=True),
+        "HFPolicy": HFPolicy(tiny_qwen3(tie=False), "float32", gradient_checkpointing=True).eval(),
+    }
 
 
-@pytest.mark.parametrize("kind", ["hf", "MathPolicy"])
+@pytest.mark.parametrize("kind", ["hf", "HFPolicy"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_logprobs_equal_unchunked_values_and_gradients(kind, temperature):
     """Log-probs through the LM head in chunks of 3 response tokens (so 12 chunks, each
@@ -108,7 +119,9 @@ def test_micro_batches_cover_the_batch_within_the_token_budget():
                 real_full = b.attention_mask[i].bool()
                 real_cut = ub.attention_mask[j].bool()
                 assert b.input_ids[i][real_full].tolist() == ub.input_ids[j][real_cut].tolist()
-                assert b.position_ids[i][real_full].tolist() == ub.position_ids[j][real_cut].tolist()
+                assert (
+                    b.position_ids[i][real_full].tolist() == ub.position_ids[j][real_cut].tolist()
+                )
     assert len(micro_batches(b, 0, 1)) == len(b)  # a budget below every sequence: one row each
 
 
@@ -124,7 +137,9 @@ def test_token_budget_micro_batches_accumulate_the_sequence_micro_batch_gradient
     base = tiny_qwen3(seed=3)
     with torch.no_grad():
         logp = token_logprobs(base, b, 1.0)
-    noise = torch.randn(b.mask.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    noise = torch.randn(
+        b.mask.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
+    )
     b.old_logp = (logp + 0.3 * noise) * b.mask
     b.adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -0.25], dtype=torch.float64)
     moved = {}
@@ -151,8 +166,11 @@ def test_batch_logprobs_sorted_micro_batches_return_rows_in_batch_order():
     equal to one pass over the whole batch to 1e-12."""
     policy, b = tiny_qwen3(), batch()
     whole = config.Config(prompts_per_step=1, group_size=8, mini_batch_size=8)
-    split = config.Config(prompts_per_step=1, group_size=8, mini_batch_size=8, micro_batch_tokens=12,
-                          logprob_chunk=2)
-    (lp_a, ent_a), (lp_b, ent_b) = (train.batch_logprobs(policy, b, c, entropy=True) for c in (whole, split))
+    split = config.Config(
+        prompts_per_step=1, group_size=8, mini_batch_size=8, micro_batch_tokens=12, logprob_chunk=2
+    )
+    (lp_a, ent_a), (lp_b, ent_b) = (
+        train.batch_logprobs(policy, b, c, entropy=True) for c in (whole, split)
+    )
     assert len(micro_batches(b, 8, 12)) > 3
     assert (lp_a - lp_b).abs().max() < 1e-12 and (ent_a - ent_b).abs().max() < 1e-12

@@ -107,7 +107,8 @@ def test_exact_gradient_equivalence_ref_differs(name, seed, impl):
 
 @pytest.mark.parametrize("name", RPG_FD + RPG_RF)
 def test_exact_gradient_unnormalized_old_measure(name, impl):
-    """General pi_old of mass Z_old != 1 (pi_ref = pi_old): sum_x pi_old(x) L(x) = Z_old E_~old[L]."""
+    """General pi_old of mass Z_old != 1 (pi_ref = pi_old): sum_x pi_old(x) L(x) = Z_old
+    E_~old[L]."""
     theta, logp_old, _, R = _policy(5)
     logp_old = logp_old + math.log(2.5)                     # Z_old = 2.5
     beta = 0.5
@@ -120,7 +121,9 @@ def test_baseline_does_not_change_expected_gradient(name, impl):
     """A = R - b gives the same expected gradient as R for a normalized pi_theta."""
     theta, logp_old, logp_ref, R = _policy(6)
     g0 = expected_loss_grad(name, theta, logp_old, R, 0.3, ref_logp=logp_ref, impl=impl)
-    g1 = expected_loss_grad(name, theta, logp_old, R, 0.3, ref_logp=logp_ref, baseline=0.77, impl=impl)
+    g1 = expected_loss_grad(
+        name, theta, logp_old, R, 0.3, ref_logp=logp_ref, baseline=0.77, impl=impl
+    )
     _assert_close(g1, g0, name)
 
 
@@ -131,8 +134,9 @@ def test_clipped_exact_at_theta_old(name, impl):
     logp_old = torch.log_softmax(theta, 0)
     beta = 0.4
     want = -objective_grad(DIV_OF[name], theta, R, beta, logp_ref)
-    got = expected_loss_grad(name, theta, logp_old, R, beta, ref_logp=logp_ref, clip=(0.2, 0.28, 3.0),
-                             impl=impl)
+    got = expected_loss_grad(
+        name, theta, logp_old, R, beta, ref_logp=logp_ref, clip=(0.2, 0.28, 3.0), impl=impl
+    )
     _assert_close(got, want, name)
 
 
@@ -247,7 +251,8 @@ def test_rpg_style_clip_flat_segments(name, adv, beta, impl):
 
 @pytest.mark.parametrize("name", RPG_RF)
 def test_rpg_style_clip_values_continuous(name, impl):
-    """The loss value is continuous in w at the clip boundaries (fig:offpolicy_rpg_rf_ppo_dualclip_v1)."""
+    """The loss value is continuous in w at the clip boundaries
+    (fig:offpolicy_rpg_rf_ppo_dualclip_v1)."""
     fn = loss_fn(name, impl)
 
     def value(w, adv):
@@ -266,8 +271,9 @@ def test_rpg_style_clip_values_continuous(name, impl):
 
 def _kl_term_grad(name, theta, logp_old, logp_ref, impl):
     """Exact expected gradient of the beta=1 KL term alone (A = 0 removes the PPO term)."""
-    return expected_loss_grad(name, theta, logp_old, torch.zeros_like(theta), 1.0, ref_logp=logp_ref,
-                              impl=impl)
+    return expected_loss_grad(
+        name, theta, logp_old, torch.zeros_like(theta), 1.0, ref_logp=logp_ref, impl=impl
+    )
 
 
 def _ukl_grad(theta, logp_ref):
@@ -287,7 +293,8 @@ def test_grpo_published_kl_is_biased_off_policy(impl):
 
 
 def test_grpo_corrected_kl_is_exact(impl):
-    """The corrected term beta*w*k3(pi_ref/pi_theta) has expected gradient grad UKL(pi_theta||pi_ref)."""
+    """The corrected term beta*w*k3(pi_ref/pi_theta) has expected gradient grad
+    UKL(pi_theta||pi_ref)."""
     for seed in (8, 9, 10):
         theta, logp_old, logp_ref, _ = _policy(seed)
         _assert_close(_kl_term_grad("grpo-corrected", theta, logp_old, logp_ref, impl),
@@ -331,7 +338,11 @@ def test_registry_and_get_loss():
     assert expected == set(L.LOSSES)
     with pytest.raises(ValueError, match="rpg-urkl"):
         L.get_loss("rpg-nope")
-    assert not L.SPECS["dapo"].has_kl and L.SPECS["grpo"].has_kl and L.SPECS["reinforce++"].kl_in_reward
+    assert (
+        not L.SPECS["dapo"].has_kl
+        and L.SPECS["grpo"].has_kl
+        and L.SPECS["reinforce++"].kl_in_reward
+    )
     assert L.SPECS["grpo"].divergence is None and L.SPECS["grpo-corrected"].divergence == "urkl"
     for name, fn in L.LOSSES.items():
         assert fn.spec.name == name and L.SPECS[name] is fn.spec
@@ -368,7 +379,8 @@ def test_clipped_values_keep_float64_precision(impl):
 def test_second_derivative_fused_raises_reference_exact(impl):
     """The fused kernel's gradients are closed-form first derivatives: a double backward fails
     loudly instead of returning 0. The reference is autograd through the formula: its second
-    derivative of rpg-rkl (pi_ref = pi_old) is d^2/dlogp^2 (-w A + beta w log w) = w (beta (log w + 2) - A)."""
+    derivative of rpg-rkl (pi_ref = pi_old) is d^2/dlogp^2 (-w A + beta w log w) = w (beta (log w +
+    2) - A)."""
     logp = torch.tensor([[-1.0]], requires_grad=True)
     loss, _ = loss_fn("rpg-rkl", impl)(logp, torch.tensor([[-1.3]]), torch.tensor([0.7]),
                                        torch.ones(1, 1), beta=0.5)

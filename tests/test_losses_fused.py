@@ -20,8 +20,14 @@ B, T = 8, 48
 CASES = [  # (loss, kwargs)
     ("rpg-urkl", dict(beta=0.3, clip=(0.2, 0.28, 3.0), use_ref=True, agg="token-mean")),
     ("rpg-fkl", dict(beta=0.3, clip=(0.2, 0.28, 3.0), use_ref=False, agg="seq-mean-token-mean")),
-    ("rpg-reinforce-ufkl", dict(beta=0.3, clip=(0.2, 0.28, 3.0), use_ref=True, agg="seq-mean-token-sum")),
-    ("rpg-reinforce-rkl", dict(beta=0.3, clip=None, use_ref=True, agg="token-mean", level="sequence")),
+    (
+        "rpg-reinforce-ufkl",
+        dict(beta=0.3, clip=(0.2, 0.28, 3.0), use_ref=True, agg="seq-mean-token-sum"),
+    ),
+    (
+        "rpg-reinforce-rkl",
+        dict(beta=0.3, clip=None, use_ref=True, agg="token-mean", level="sequence"),
+    ),
     ("grpo", dict(beta=0.1, clip=None, use_ref=True, agg="token-mean")),
 ]
 
@@ -29,7 +35,8 @@ CASES = [  # (loss, kwargs)
 def _inputs(dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     logp = -torch.rand(B, T, generator=g, dtype=dtype) * 3
-    old = logp + 0.5 * torch.randn(B, T, generator=g, dtype=dtype)     # ratios well inside and outside the clip range
+    # ratios well inside and outside the clip range
+    old = logp + 0.5 * torch.randn(B, T, generator=g, dtype=dtype)
     ref = logp + 0.5 * torch.randn(B, T, generator=g, dtype=dtype)
     adv = torch.randn(B, generator=g, dtype=dtype)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
@@ -54,9 +61,12 @@ def fuse_everything(monkeypatch):
     monkeypatch.setattr(F, "_COMPILED", {})
 
 
-@pytest.mark.parametrize("name,kw", CASES, ids=[c[0] + "-" + c[1].get("level", "token") for c in CASES])
+@pytest.mark.parametrize(
+    "name,kw", CASES, ids=[c[0] + "-" + c[1].get("level", "token") for c in CASES]
+)
 def test_fused_kernel_matches_eager(name, kw, monkeypatch, fuse_everything):
-    """Value, gradient and every statistic of the fused kernel equal the eager kernel's (float64, 1e-12)."""
+    """Value, gradient and every statistic of the fused kernel equal the eager kernel's (float64,
+    1e-12)."""
     data = _inputs(torch.float64)
     monkeypatch.setenv("RPG_REF_COMPILE", "0")
     want = _run(name, kw, *data)
@@ -66,10 +76,17 @@ def test_fused_kernel_matches_eager(name, kw, monkeypatch, fuse_everything):
     assert "kernel" in F._COMPILED, "RPG_REF_COMPILE=1 did not take the fused path"
     for what, a, b in (("loss", got[0], want[0]), ("grad", got[1], want[1])):
         err = (a - b).abs().max().item()
-        assert err <= 1e-12 * (1 + b.abs().max().item()), f"{name} {what}: fused vs eager max diff {err:.3e}"
+        assert err <= 1e-12 * (1 + b.abs().max().item()), (
+            f"{name} {what}: fused vs eager max diff {err:.3e}"
+        )
     assert got[2].keys() == want[2].keys()
     for k in want[2]:
-        assert abs(got[2][k].item() - want[2][k].item()) <= 1e-12, (name, k, got[2][k].item(), want[2][k].item())
+        assert abs(got[2][k].item() - want[2][k].item()) <= 1e-12, (
+            name,
+            k,
+            got[2][k].item(),
+            want[2][k].item(),
+        )
     # the case must exercise clipping where it is on, or the comparison proves little
     if kw["clip"] is not None:
         assert want[2]["clip_frac_low"] > 0 and want[2]["clip_frac_high"] > 0, want[2]

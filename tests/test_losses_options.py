@@ -59,13 +59,19 @@ def test_parse_clip_eps_low_in_open_unit_interval(eps_low):
 @pytest.mark.parametrize("eps_high", [0.0, -0.1, float("inf"), float("nan")])
 def test_parse_clip_eps_high_positive_finite(eps_high):
     """0 < eps_high < inf."""
-    _refused(rf"clip eps_high must be > 0 and finite, got {eps_high}", L.parse_clip, (0.2, eps_high))
+    _refused(
+        rf"clip eps_high must be > 0 and finite, got {eps_high}", L.parse_clip, (0.2, eps_high)
+    )
 
 
 @pytest.mark.parametrize("c", [1.0, 0.5, -3.0, float("nan")])
 def test_parse_clip_dual_bound_above_one(c):
     """c > 1 (None or inf: no dual bound)."""
-    _refused(rf"dual-clip c must be > 1 \(None or inf: no dual bound\), got {c}", L.parse_clip, (0.2, 0.2, c))
+    _refused(
+        rf"dual-clip c must be > 1 \(None or inf: no dual bound\), got {c}",
+        L.parse_clip,
+        (0.2, 0.2, c),
+    )
 
 
 def test_check_options_unknown_loss_lists_valid_names():
@@ -86,10 +92,17 @@ def test_check_options_beta_zero_for_dapo():
 
 @pytest.mark.parametrize("name", ["reinforce++", "reinforce++-baseline"])
 def test_check_options_beta_zero_for_kl_in_reward(name):
-    """reinforce++ puts the KL into the reward: the loss takes beta = 0, beta goes to the advantage."""
-    _refused(re.escape(f"{name} puts its k1 KL penalty into the reward: pass beta to "
-                       "rpg_ref.advantages.reinforce_pp and call the loss with beta=0; got beta=0.1"),
-             L.check_options, name, beta=0.1)
+    """reinforce++ puts the KL into the reward: the loss takes beta = 0, beta goes to the
+    advantage."""
+    _refused(
+        re.escape(
+            f"{name} puts its k1 KL penalty into the reward: pass beta to "
+            "rpg_ref.advantages.reinforce_pp and call the loss with beta=0; got beta=0.1"
+        ),
+        L.check_options,
+        name,
+        beta=0.1,
+    )
     L.check_options(name, beta=0)
 
 
@@ -108,8 +121,13 @@ def test_check_options_no_clip_with_clip():
 def test_check_options_no_clip_refused_for_ppo_losses(name):
     """PPO-type losses always clip (clip=None means their default clip): no_clip is refused."""
     assert L.SPECS[name].always_clips
-    _refused(re.escape(f"no_clip: {name} is a PPO-type loss that always clips"), L.check_options, name,
-             beta=0.0, no_clip=True)
+    _refused(
+        re.escape(f"no_clip: {name} is a PPO-type loss that always clips"),
+        L.check_options,
+        name,
+        beta=0.0,
+        no_clip=True,
+    )
 
 
 @pytest.mark.parametrize("name", RPG)
@@ -151,7 +169,9 @@ def test_losses_call_check_options(impl):
 def test_loss_beta():
     """The loss's own beta: 0 where the KL lives in the reward (reinforce++), else beta. A bad
     beta is refused here too: for reinforce++ it would otherwise reach the advantages unchecked."""
-    assert L.loss_beta("reinforce++", 0.3) == 0.0 and L.loss_beta("reinforce++-baseline", 0.3) == 0.0
+    assert (
+        L.loss_beta("reinforce++", 0.3) == 0.0 and L.loss_beta("reinforce++-baseline", 0.3) == 0.0
+    )
     for name in RPG + ["grpo", "grpo-corrected", "dapo"]:
         assert L.loss_beta(name, 0.3) == 0.3, name
     _refused("unknown loss", L.loss_beta, "nope", 0.3)
@@ -162,7 +182,9 @@ def test_loss_beta():
 def test_beta_rule_is_shared_with_the_reward_kl(beta):
     """rpg_ref.advantages.reinforce_pp (the KL in the reward) refuses beta with the same rule."""
     want = _refused(".", L.check_beta, beta)
-    got = _refused(".", reinforce_pp, torch.ones(2), torch.ones(2, 3), torch.zeros(2, 3), None, beta)
+    got = _refused(
+        ".", reinforce_pp, torch.ones(2), torch.ones(2, 3), torch.zeros(2, 3), None, beta
+    )
     assert got == want
 
 

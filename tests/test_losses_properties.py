@@ -50,12 +50,18 @@ def test_finite_under_extreme_log_ratios(name, log_ratio, ref_ratio, adv, beta, 
 
 def _args():
     lp = torch.zeros(2, 3, requires_grad=True)
-    return dict(logp=lp, old_logp=torch.zeros(2, 3), advantages=torch.ones(2), mask=torch.ones(2, 3))
+    return dict(
+        logp=lp, old_logp=torch.zeros(2, 3), advantages=torch.ones(2), mask=torch.ones(2, 3)
+    )
 
 
 def _call(name="rpg-urkl", **over):
     a = _args()
-    kw = {k: over.pop(k) for k in list(over) if k in ("beta", "ref_logp", "clip", "level", "agg", "impl")}
+    kw = {
+        k: over.pop(k)
+        for k in list(over)
+        if k in ("beta", "ref_logp", "clip", "level", "agg", "impl")
+    }
     a.update(over)
     return L.get_loss(name)(a["logp"], a["old_logp"], a["advantages"], a["mask"], **kw)
 
@@ -78,13 +84,18 @@ BAD = [
     (dict(level="word"), "level"),
     (dict(agg="mean"), "agg"),
     (dict(level="sequence", advantages=torch.ones(2, 3)), "level='sequence'"),
-    (dict(logp=torch.tensor([[0.0, float("nan"), 0], [0, 0, 0]])), "logp has non-finite values at index \\(0, 1\\)"),
+    (
+        dict(logp=torch.tensor([[0.0, float("nan"), 0], [0, 0, 0]])),
+        "logp has non-finite values at index \\(0, 1\\)",
+    ),
     (dict(old_logp=torch.tensor([[0.0, 0, 0], [0, float("inf"), 0]])), "old_logp has non-finite"),
     (dict(advantages=torch.tensor([1.0, float("-inf")])), "advantages has non-finite"),
     (dict(ref_logp=torch.tensor([[0.0, 0, 0], [0, 0, float("nan")]])), "ref_logp has non-finite"),
     (dict(logp=[[0.0]]), "logp must be a torch.Tensor"),
-    (dict(logp=torch.full((2, 3), 3e38), old_logp=torch.full((2, 3), -3e38)),
-     r"logp has non-finite values \(entries too large to sum in torch.float32"),
+    (
+        dict(logp=torch.full((2, 3), 3e38), old_logp=torch.full((2, 3), -3e38)),
+        r"logp has non-finite values \(entries too large to sum in torch.float32",
+    ),
     (dict(impl="compiled"), "impl must be one of"),
 ]
 
@@ -109,7 +120,8 @@ def test_non_finite_at_masked_position_still_raises(impl):
 @pytest.mark.parametrize("impl", L.IMPLS)
 @pytest.mark.parametrize("name", ["dapo", "reinforce++", "reinforce++-baseline"])
 def test_kl_free_losses_refuse_beta(name, impl):
-    """Losses without a KL term (or with the KL in the reward) refuse beta > 0 instead of ignoring it."""
+    """Losses without a KL term (or with the KL in the reward) refuse beta > 0 instead of ignoring
+    it."""
     with pytest.raises(ValueError, match="beta"):
         _call(name, beta=0.1, impl=impl)
 
@@ -132,4 +144,9 @@ def test_aggregations_match_manual_formula(B, T, seed):
     for agg, w in want.items():
         for impl in L.IMPLS:
             loss, _ = L.get_loss("dapo")(lp, lp, A, m, agg=agg, impl=impl)
-            assert math.isclose(loss.item(), w, rel_tol=1e-12, abs_tol=1e-12), (agg, impl, loss.item(), w)
+            assert math.isclose(loss.item(), w, rel_tol=1e-12, abs_tol=1e-12), (
+                agg,
+                impl,
+                loss.item(),
+                w,
+            )

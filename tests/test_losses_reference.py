@@ -52,19 +52,30 @@ def _run(name, impl, logp, old, ref, adv, mask, **kw):
 def _assert_same(name, got, want):
     for what, a, b in (("loss", got[0], want[0]), ("grad", got[1], want[1])):
         err = (a - b).abs().max().item()
-        assert err <= TOL * (1 + b.abs().max().item()), f"{name} {what}: fused vs reference {err:.3e}"
+        assert err <= TOL * (1 + b.abs().max().item()), (
+            f"{name} {what}: fused vs reference {err:.3e}"
+        )
     assert got[2].keys() == want[2].keys()
     for k, v in want[2].items():
-        assert abs(got[2][k].item() - v.item()) <= TOL * (1 + abs(v.item())), (name, k, got[2][k], v)
+        assert abs(got[2][k].item() - v.item()) <= TOL * (1 + abs(v.item())), (
+            name,
+            k,
+            got[2][k],
+            v,
+        )
 
 
 @pytest.mark.parametrize("name,clip,ref,level,agg", CASES, ids=["-".join(c) for c in CASES])
 def test_fused_kernel_equals_reference(name, clip, ref, level, agg):
     """Loss, d loss / d logp and every statistic of impl="fused" equal impl="reference" to 1e-12,
     and each clip branch the setting has (low, high, dual) is taken by some unit."""
-    logp, old, ref_logp, adv, mask = _inputs(level, seed=zlib.crc32(f"{name}{clip}{ref}{level}{agg}".encode()))
+    logp, old, ref_logp, adv, mask = _inputs(
+        level, seed=zlib.crc32(f"{name}{clip}{ref}{level}{agg}".encode())
+    )
     data = dict(old=old, ref=None if ref == "ref=old" else ref_logp, adv=adv, mask=mask)
-    kw = dict(beta=L.loss_beta(name, L.default_beta(name, 0.3)), clip=CLIPS[clip], level=level, agg=agg)
+    kw = dict(
+        beta=L.loss_beta(name, L.default_beta(name, 0.3)), clip=CLIPS[clip], level=level, agg=agg
+    )
     if level == "sequence" and L.SPECS[name].kl_in_reward:
         with pytest.raises(ValueError, match="token-level advantages"):
             _run(name, "reference", logp, **data, **kw)
@@ -79,7 +90,8 @@ def test_fused_kernel_equals_reference(name, clip, ref, level, agg):
 
 CLAMP_CASES = [(name, level, ref) for name in L.LOSSES for level in L.LEVELS
                for ref in ("ref=old", "ref!=old")
-               if not (level == "sequence" and L.SPECS[name].kl_in_reward)]  # refused (tested above)
+               # refused (tested above)
+               if not (level == "sequence" and L.SPECS[name].kl_in_reward)]
 
 
 @pytest.mark.parametrize("name,level,ref", CLAMP_CASES)
@@ -92,7 +104,9 @@ def test_fused_kernel_equals_reference_at_the_clamp(name, level, ref):
     assert unit_log_w.max() > L.LOG_RATIO_CLAMP and unit_log_w.min() < -L.LOG_RATIO_CLAMP
     kw = dict(beta=L.loss_beta(name, L.default_beta(name, 0.3)), clip=(0.2, 0.28, 3.0), level=level)
     data = dict(old=old, ref=None if ref == "ref=old" else ref_logp, adv=adv, mask=mask)
-    _assert_same(name, _run(name, "fused", logp, **data, **kw), _run(name, "reference", logp, **data, **kw))
+    _assert_same(
+        name, _run(name, "fused", logp, **data, **kw), _run(name, "reference", logp, **data, **kw)
+    )
 
 
 def test_every_loss_is_registered_under_its_literal_name_with_a_kernel():
@@ -111,8 +125,9 @@ def test_a_loss_without_a_kernel_runs_the_reference(monkeypatch):
     result then has the reference's exact second derivative (the kernel's raises)."""
     monkeypatch.setattr(L, "FUSED_LOSSES", F.FUSED_LOSSES - {"rpg-rkl"})
     logp = torch.tensor([[-1.0]], requires_grad=True)
-    loss, _ = L.get_loss("rpg-rkl")(logp, torch.tensor([[-1.3]]), torch.tensor([0.7]), torch.ones(1, 1),
-                                    beta=0.5)
+    loss, _ = L.get_loss("rpg-rkl")(
+        logp, torch.tensor([[-1.3]]), torch.tensor([0.7]), torch.ones(1, 1), beta=0.5
+    )
     (g,) = torch.autograd.grad(loss, logp, create_graph=True)
     (h,) = torch.autograd.grad(g.sum(), logp)
     assert abs(h.item() - math.exp(0.3) * (0.5 * 2.3 - 0.7)) < 1e-12

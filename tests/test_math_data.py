@@ -1,11 +1,12 @@
-"""Loading math problem sets: the shared eval/train files, JSONL/parquet, clear errors on bad files."""
+"""Loading math problem sets: the shared eval/train files, JSONL/parquet, clear errors on bad
+files."""
 import builtins
 import json
 
 import pytest
 from needs import needs_data
 
-from rpg_ref import math_data as md
+from rpg_ref.math import data as md
 
 
 def _need_data():
@@ -29,7 +30,9 @@ def test_shared_sets_load_with_their_row_counts_and_answer_types():
 
 def test_rpg_data_dir_overrides_the_default(tmp_path, monkeypatch):
     (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "aime24.jsonl").write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
+    (tmp_path / "eval" / "aime24.jsonl").write_text(
+        json.dumps({"problem": "p", "answer": "1"}) + "\n"
+    )
     monkeypatch.setenv("RPG_DATA_DIR", str(tmp_path))
     assert md.data_dir() == tmp_path
     ps = md.load_problems("aime24")
@@ -39,16 +42,28 @@ def test_rpg_data_dir_overrides_the_default(tmp_path, monkeypatch):
         md.load_problems("aime25")
 
 
-@pytest.mark.parametrize("line,message", [
-    ('{"problem": "p"}', r"bad\.jsonl:2: missing field 'answer'"),
-    ('{"problem": "", "answer": "1"}', r"bad\.jsonl:2: field 'problem' must be a non-empty string"),
-    ('{"problem": "p", "answer": [1]}', r"bad\.jsonl:2: field 'answer' must be a string or a number"),
-    ('{"problem": "p", "answer": true}', r"bad\.jsonl:2: field 'answer' must be a string or a number"),
-    ('{"problem": "p", "answer": NaN}', r"bad\.jsonl:2: field 'answer' is not finite"),
-    ('{"problem": "p", "answer": "1"', r"bad\.jsonl:2: invalid JSON"),
-    ('[1, 2]', r"bad\.jsonl:2: expected a JSON object"),
-    ('{"id": "a", "problem": "q", "answer": "2"}', r"bad\.jsonl:2: duplicate id 'a'"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ('{"problem": "p"}', r"bad\.jsonl:2: missing field 'answer'"),
+        (
+            '{"problem": "", "answer": "1"}',
+            r"bad\.jsonl:2: field 'problem' must be a non-empty string",
+        ),
+        (
+            '{"problem": "p", "answer": [1]}',
+            r"bad\.jsonl:2: field 'answer' must be a string or a number",
+        ),
+        (
+            '{"problem": "p", "answer": true}',
+            r"bad\.jsonl:2: field 'answer' must be a string or a number",
+        ),
+        ('{"problem": "p", "answer": NaN}', r"bad\.jsonl:2: field 'answer' is not finite"),
+        ('{"problem": "p", "answer": "1"', r"bad\.jsonl:2: invalid JSON"),
+        ("[1, 2]", r"bad\.jsonl:2: expected a JSON object"),
+        ('{"id": "a", "problem": "q", "answer": "2"}', r"bad\.jsonl:2: duplicate id 'a'"),
+    ],
+)
 def test_bad_rows_name_file_line_and_field(tmp_path, line, message):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"id": "a", "problem": "p", "answer": "1"}\n' + line + "\n")
@@ -78,9 +93,13 @@ def test_parquet_and_nested_field_names(tmp_path):
     ])
     f = tmp_path / "d.parquet"
     pq.write_table(table, f)
-    ps = md.load_problems(str(f), fields={"problem": "prompt", "answer": "reward_model.ground_truth",
-                                          "id": "uid"})
-    assert [(p.id, p.problem, p.answer, p.source) for p in ps] == [("u0", "1+1?", "2", "d"), ("u1", "2+2?", "4", "d")]
+    ps = md.load_problems(
+        str(f), fields={"problem": "prompt", "answer": "reward_model.ground_truth", "id": "uid"}
+    )
+    assert [(p.id, p.problem, p.answer, p.source) for p in ps] == [
+        ("u0", "1+1?", "2", "d"),
+        ("u1", "2+2?", "4", "d"),
+    ]
     with pytest.raises(ValueError, match=r"d\.parquet row 0: missing field 'problem'"):
         md.load_problems(str(f))
     with pytest.raises(ValueError, match="fields may only rename"):

@@ -6,9 +6,9 @@ import sys
 import pytest
 from needs import needs_data
 
-from rpg_ref import math_reward as mr
-from rpg_ref.math_data import data_dir, load_problems
-from rpg_ref.math_normalize import (
+from rpg_ref.math import reward as mr
+from rpg_ref.math.data import data_dir, load_problems
+from rpg_ref.math.normalize import (
     answers_equal,
     canonical,
     comparable_pair,
@@ -23,7 +23,10 @@ BACKENDS = ["normalizer"] + (["math_verify"] if mr.math_verify_available() else 
 def _eval_set(name):
     path = data_dir() / "eval" / f"{name}.jsonl"
     if not path.is_file():
-        pytest.skip(f"{path} not found: set RPG_DATA_DIR to the shared data folder (eval/, train/, tokenizer/)")
+        pytest.skip(
+            f"{path} not found: set RPG_DATA_DIR to the shared data folder (eval/, train/, "
+            "tokenizer/)"
+        )
     return load_problems(name)
 
 
@@ -44,10 +47,12 @@ def checker(request):
 # --------------------------------------------------------------------------- prompts
 def test_user_message_is_the_papers_instruction_problem_reminder():
     msg = mr.user_message("What is 2+2?")
-    assert msg == ("Solve the following math problem step by step. The last line of your response "
-                   "should be of the form Answer: $Answer (without quotes) where $Answer is the answer "
-                   "to the problem.\n\nWhat is 2+2?\n\nRemember to put your answer on its own line "
-                   'after "Answer:".')
+    assert msg == (
+        "Solve the following math problem step by step. The last line of your response "
+        "should be of the form Answer: $Answer (without quotes) where $Answer is the answer "
+        "to the problem.\n\nWhat is 2+2?\n\nRemember to put your answer on its own line "
+        'after "Answer:".'
+    )
     boxed = mr.user_message("What is 2+2?", "boxed")
     assert boxed.startswith("What is 2+2?\n\n") and "\\boxed{" in boxed
     with pytest.raises(ValueError, match="style"):
@@ -72,7 +77,8 @@ def test_chat_prompt_uses_the_qwen3_template_and_thinking_switch():
 # --------------------------------------------------------------------------- extraction
 @pytest.mark.parametrize("text,expected", [
     ("work\nAnswer: 42", "42"),
-    ("Answer: 1\nmore work\nanswer: 7.", "7"),                 # the LAST Answer: counts; full stop dropped
+    # the LAST Answer: counts; full stop dropped
+    ("Answer: 1\nmore work\nanswer: 7.", "7"),
     ("**Answer:** $\\frac{1}{2}$", "\\frac{1}{2}"),
     ("Answer: \\boxed{3\\sqrt{2}}", "3\\sqrt{2}"),
     ("<think>Answer: 5</think>\nso\nAnswer: 6", "6"),
@@ -84,7 +90,8 @@ def test_chat_prompt_uses_the_qwen3_template_and_thinking_switch():
     ("**Answer:**\n$$\n\\frac{7}{3}\n$$", "\\frac{7}{3}"),
     ("## Final Answer\n\n$$\\boxed{120}$$", "120"),           # a heading, no colon
     ("\\textbf{Answer:} 11", "11"),
-    ("Answer: $\\boxed{2}$ and $\\boxed{-3}$", "2, -3"),         # several boxes: all of them, in order
+    # several boxes: all of them, in order
+    ("Answer: $\\boxed{2}$ and $\\boxed{-3}$", "2, -3"),
     ("Answer: $\\boxed{12}$ \\quad $\\boxed{12}$", "12"),         # ... each distinct one once
     ("Final Answer: The final answer is $18$. I hope it is correct.", "18"),
     ("The final answer is: 64", "64"),
@@ -99,7 +106,8 @@ def test_unfinished_thinking_has_no_answer():
     even if the draft inside the thinking has an Answer: line or a box; a "<think>" that never
     closes is unfinished whatever the flag says."""
     draft = "<think>\nSo it is 5.\nAnswer: 5\nLet me double-check \\boxed{5} once"
-    template_opened = "So it is 5.\nAnswer: 5\nLet me double-check"  # Qwen3-2507: <think> in the prompt
+    # Qwen3-2507: <think> in the prompt
+    template_opened = "So it is 5.\nAnswer: 5\nLet me double-check"
     for style in mr.STYLES:
         assert mr.extract_answer(draft, style, thinking=True) is None
         assert mr.extract_answer(draft, style, thinking=False) is None
@@ -128,47 +136,114 @@ def test_only_the_documented_tail_is_searched():
     ("\\boxed{unclosed", None),
     ("Answer: 3", None),
     ("\\boxed{\\boxed{ 5 }}", "5"),                                 # a box that fills a box
-    ("\\boxed{\\{1, 2\\}} and \\{x\\}", "\\{1, 2\\}"),                 # escaped braces are not braces
-    ("\\boxed{5} then " + "\\boxed{" * 100, "5"),                   # unclosed boxes after a closed one
+    # escaped braces are not braces
+    ("\\boxed{\\{1, 2\\}} and \\{x\\}", "\\{1, 2\\}"),
+    # unclosed boxes after a closed one
+    ("\\boxed{5} then " + "\\boxed{" * 100, "5"),
 ])
 def test_extract_answer_boxed_style(text, expected):
     assert mr.extract_answer(text, "boxed") == expected
 
 
 # --------------------------------------------------------------------------- equivalence
-SAME = [("025", "25"), ("27", 27.0), ("-1", -1.0), ("0.34", "\\dfrac{17}{50}"), ("10080", "10,\\!080"),
-        ("4/3", "\\frac43"), ("5/9", "\\frac 59"), ("1.8", "1\\frac{4}{5}"), ("90", "90^\\circ"),
-        ("\\frac{1}{\\sqrt{3}}", "\\frac{\\sqrt{3}}{3}"), ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
-        ("-2, 1", "1,-2"), ("1-\\sqrt{19}, 1+\\sqrt{19}", "1 \\pm \\sqrt{19}"), ("5", "x=5"),
-        ("C", "\\text{(C)}"), ("\\sqrt{117}", "3\\sqrt{13}"), ("32348", "\\$32,\\!348"),
-        ("864", "864 \\mbox{ inches}^2"), ("(b+2)(a+5)", "(a+5)(b+2)"), ("6-5i", "6 - 5i"),
-        ("[-2, 7]", "x \\in [-2,7]"), ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}"),
-        # labels before the value (dropped when the gold has none)
-        ("xy = 25", "25"), ("a_{2023} = -1", "-1"), ("(p,q,r) = (6, 31, -1)", "(6,31,-1)"),
-        ("m + n = 41", "41"), ("f(2) = 13", "13"), ("x = 3 \\text{ or } x = 5", "3, 5"),
-        ("n = 12 \\times 17 = 204", "204"), ("y = 2x + 3", "y = 2x+3"), ("x \\in (5, \\infty)", "(5,\\infty)"),
-        # unit words, currency, thousands
-        ("204 minutes", "204"), ("27 miles", "27"), ("90 degrees", "90"), ("3\\sqrt{13} units", "3\\sqrt{13}"),
-        ("864 in^2", "864"), ("15 cm^2", "15"), ("15\\,\\mathrm{cm}^2", "15\\mbox{ cm}^2"), ("60 km/h", "60"),
-        ("12 square units", "12"), ("\\frac{3}{4} of the tank", "\\frac34"), ("$32,348", "\\$32,\\!348"),
-        ("\\$1{,}250", "1250"), ("$5$ dollars", "5"), ("\\text{5 cm}", "5"),
-        # unordered unions, Unicode, remarks, choice letters
-        ("(3, 5] \\cup (-\\infty, 1)", "(-\\infty, 1) \\cup (3, 5]"), ("−3", "-3"), ("3√2", "3\\sqrt{2}"),
-        ("12 (mod 1000)", "12"), ("\\textbf{(C)}\\ 12", "12"), ("\\textbf{(B)}\\ 15", "\\text{(B)}")]
-DIFFERENT = [("1/3", "0.333"), ("6+5i", "6 - 5i"), ("(3,4)", "(3,4]"), ("\\frac{14}{5}", "\\frac{14}{3}"),
-             ("26", "025"), ("28", 27.0), ("1", "1,-2"), ("(2,1)", "(1,2)"), ("\\sqrt{13}", "3\\sqrt{13}"),
-             ("2x+2", "2k+2"), ("\\text{west}", "\\text{east}"),
-             # a label only where it names the asked value: not an equation, not another variable
-             ("y = 5", "x = 5"), ("y=6", "x=6"), ("2x = 10", "10"), ("x + 1 = 5", "5"), ("x^2 = 25", "25"),
-             ("\\frac{x}{2} = 3", "3"), ("\\sin x = \\frac12", "\\frac12"), ("x = 3 \\text{ or } x = 5", "5"),
-             # unit stripping never eats a value: radicals, pi, scale words, variables
-             ("5\\sqrt{2}", "5"), ("5\\sqrt{2} \\text{ units}", "5"), ("2 pi", "2"), ("5 hundred", "5"),
-             ("27 thousand", "27"), ("2 xy", "2"), ("3 \\text{ or } 12", "12"), ("12 or 13", "12"),
-             ("(3, 5) \\cup (-\\infty, 1)", "(-\\infty,1)\\cup(3,5]"), ("1,000", "1"),
-             ("\\textbf{(B)}\\ 15", "\\text{(C)}"), ("\\frac12 (approximately 0.5)", "\\frac13"),
-             # hedged or approximate values (math-verify alone reads 5 in each)
-             ("5 \\text{ hundred}", "5"), ("5 \\text{ or more}", "5"), ("5 or more", "5"), ("\\approx 5", "5"),
-             ("\\le 5", "5"), ("5 (or possibly 6)", "5")]
+SAME = [
+    ("025", "25"),
+    ("27", 27.0),
+    ("-1", -1.0),
+    ("0.34", "\\dfrac{17}{50}"),
+    ("10080", "10,\\!080"),
+    ("4/3", "\\frac43"),
+    ("5/9", "\\frac 59"),
+    ("1.8", "1\\frac{4}{5}"),
+    ("90", "90^\\circ"),
+    ("\\frac{1}{\\sqrt{3}}", "\\frac{\\sqrt{3}}{3}"),
+    ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("-2, 1", "1,-2"),
+    ("1-\\sqrt{19}, 1+\\sqrt{19}", "1 \\pm \\sqrt{19}"),
+    ("5", "x=5"),
+    ("C", "\\text{(C)}"),
+    ("\\sqrt{117}", "3\\sqrt{13}"),
+    ("32348", "\\$32,\\!348"),
+    ("864", "864 \\mbox{ inches}^2"),
+    ("(b+2)(a+5)", "(a+5)(b+2)"),
+    ("6-5i", "6 - 5i"),
+    ("[-2, 7]", "x \\in [-2,7]"),
+    ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}"),
+    # labels before the value (dropped when the gold has none)
+    ("xy = 25", "25"),
+    ("a_{2023} = -1", "-1"),
+    ("(p,q,r) = (6, 31, -1)", "(6,31,-1)"),
+    ("m + n = 41", "41"),
+    ("f(2) = 13", "13"),
+    ("x = 3 \\text{ or } x = 5", "3, 5"),
+    ("n = 12 \\times 17 = 204", "204"),
+    ("y = 2x + 3", "y = 2x+3"),
+    ("x \\in (5, \\infty)", "(5,\\infty)"),
+    # unit words, currency, thousands
+    ("204 minutes", "204"),
+    ("27 miles", "27"),
+    ("90 degrees", "90"),
+    ("3\\sqrt{13} units", "3\\sqrt{13}"),
+    ("864 in^2", "864"),
+    ("15 cm^2", "15"),
+    ("15\\,\\mathrm{cm}^2", "15\\mbox{ cm}^2"),
+    ("60 km/h", "60"),
+    ("12 square units", "12"),
+    ("\\frac{3}{4} of the tank", "\\frac34"),
+    ("$32,348", "\\$32,\\!348"),
+    ("\\$1{,}250", "1250"),
+    ("$5$ dollars", "5"),
+    ("\\text{5 cm}", "5"),
+    # unordered unions, Unicode, remarks, choice letters
+    ("(3, 5] \\cup (-\\infty, 1)", "(-\\infty, 1) \\cup (3, 5]"),
+    ("−3", "-3"),
+    ("3√2", "3\\sqrt{2}"),
+    ("12 (mod 1000)", "12"),
+    ("\\textbf{(C)}\\ 12", "12"),
+    ("\\textbf{(B)}\\ 15", "\\text{(B)}"),
+]
+DIFFERENT = [
+    ("1/3", "0.333"),
+    ("6+5i", "6 - 5i"),
+    ("(3,4)", "(3,4]"),
+    ("\\frac{14}{5}", "\\frac{14}{3}"),
+    ("26", "025"),
+    ("28", 27.0),
+    ("1", "1,-2"),
+    ("(2,1)", "(1,2)"),
+    ("\\sqrt{13}", "3\\sqrt{13}"),
+    ("2x+2", "2k+2"),
+    ("\\text{west}", "\\text{east}"),
+    # a label only where it names the asked value: not an equation, not another variable
+    ("y = 5", "x = 5"),
+    ("y=6", "x=6"),
+    ("2x = 10", "10"),
+    ("x + 1 = 5", "5"),
+    ("x^2 = 25", "25"),
+    ("\\frac{x}{2} = 3", "3"),
+    ("\\sin x = \\frac12", "\\frac12"),
+    ("x = 3 \\text{ or } x = 5", "5"),
+    # unit stripping never eats a value: radicals, pi, scale words, variables
+    ("5\\sqrt{2}", "5"),
+    ("5\\sqrt{2} \\text{ units}", "5"),
+    ("2 pi", "2"),
+    ("5 hundred", "5"),
+    ("27 thousand", "27"),
+    ("2 xy", "2"),
+    ("3 \\text{ or } 12", "12"),
+    ("12 or 13", "12"),
+    ("(3, 5) \\cup (-\\infty, 1)", "(-\\infty,1)\\cup(3,5]"),
+    ("1,000", "1"),
+    ("\\textbf{(B)}\\ 15", "\\text{(C)}"),
+    ("\\frac12 (approximately 0.5)", "\\frac13"),
+    # hedged or approximate values (math-verify alone reads 5 in each)
+    ("5 \\text{ hundred}", "5"),
+    ("5 \\text{ or more}", "5"),
+    ("5 or more", "5"),
+    ("\\approx 5", "5"),
+    ("\\le 5", "5"),
+    ("5 (or possibly 6)", "5"),
+]
 
 
 @pytest.mark.parametrize("pred,gold", SAME)
@@ -189,14 +264,19 @@ def _gold_str(a):
 @needs_data("eval")
 @pytest.mark.parametrize("name", EVAL_SETS)
 def test_every_gold_answer_gets_full_marks(checker, name):
-    """Every gold answer written as the final line "Answer: <gold>" and as \\boxed{<gold>} is correct."""
+    """Every gold answer written as the final line "Answer: <gold>" and as \\boxed{<gold>} is
+    correct."""
     golds = [p.answer for p in _eval_set(name)]
-    answer_texts = [f"Let me think.\nThe computation gives it.\nAnswer: {_gold_str(g)}" for g in golds]
+    answer_texts = [
+        f"Let me think.\nThe computation gives it.\nAnswer: {_gold_str(g)}" for g in golds
+    ]
     boxed_texts = [f"Let me think. The result is $\\boxed{{{_gold_str(g)}}}$." for g in golds]
     for style, texts in (("answer", answer_texts), ("boxed", boxed_texts)):
         ok = checker.check([mr.extract_answer(t, style) for t in texts], golds)
         missed = [g for g, o in zip(golds, ok) if not o]
-        assert not missed, f"{checker.backend}/{style}: {len(missed)}/{len(golds)} gold answers rejected: {missed}"
+        assert not missed, (
+            f"{checker.backend}/{style}: {len(missed)}/{len(golds)} gold answers rejected: {missed}"
+        )
     if name in ("aime24", "amc23"):  # "025" written as 25, 27.0 written as 27.0
         alt = [str(int(g)) if name == "aime24" else repr(g) for g in golds]
         assert all(checker.check(alt, golds))
@@ -294,14 +374,16 @@ def test_degenerate_responses_are_scored_within_the_time_limit(backend):
 
 
 # --------------------------------------------------------------------------- time limit
-HANG_REPEATS = int(os.environ.get("RPG_HANG_TEST_REPEATS", "1"))  # more copies: see test_math_reward_load
+# more copies: see test_math_reward_load
+HANG_REPEATS = int(os.environ.get("RPG_HANG_TEST_REPEATS", "1"))
 
 
 @pytest.mark.parametrize("repeat", range(HANG_REPEATS))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_hanging_check_times_out_scores_wrong_and_is_counted(backend, repeat):
     """(x+1)^2000 vs (x+2)^2000 makes sympy expand for about a minute: the worker is killed after
-    the time limit, the answer scores wrong, the stat counts it, and the next answer is still checked
+    the time limit, the answer scores wrong, the stat counts it, and the next answer is still
+    checked
     (by the warm spare worker: its start-up is never charged to that answer)."""
     with mr.AnswerChecker(backend, timeout_s=1.0) as ck:
         ok = ck.check(["(x+1)^{2000}", "0.5"], ["(x+2)^{2000}", "\\frac{1}{2}"])
@@ -344,16 +426,6 @@ def test_a_worker_that_cannot_start_is_an_error_not_a_wrong_answer(monkeypatch):
 
 
 # --------------------------------------------------------------------------- scoring
-def test_dapo_overlong_penalty_hand_values():
-    """R_length = 0 up to L_max - L_cache, then ((L_max - L_cache) - |y|) / L_cache, -1 past L_max."""
-    assert [mr.overlong_penalty(n, 100, 20) for n in (0, 80, 90, 95, 100, 101)] == \
-        [0.0, 0.0, -0.5, -0.75, -1.0, -1.0]
-    with pytest.raises(ValueError):
-        mr.overlong_penalty(10, 100, 0)
-    with pytest.raises(ValueError):
-        mr.overlong_penalty(-1, 100, 20)
-
-
 def test_math_reward_scoring_options():
     texts = ["Answer: 7", "Answer: 8", "no answer here"]
     golds = ["7", "7", "7"]
@@ -362,16 +434,14 @@ def test_math_reward_scoring_options():
     assert rewards == [1.0, -1.0, -1.0] and info["correct"] == [True, False, False]
     assert info["check"]["no_answer"] == 1 and info["check"]["correct"] == 1
     r.close()
-    r = mr.MathReward(scoring="binary", backend="normalizer", overlong_buffer=4, max_response_len=10)
-    rewards, _ = r(texts, golds, lengths=[10, 6, 8])
-    assert rewards == [0.0, 0.0, -0.5]  # 1 - 1 at the limit; 0 + 0; 0 - 2/4
-    with pytest.raises(ValueError, match="length"):
-        r(texts, golds)
+    r = mr.MathReward(scoring="binary", backend="normalizer")
+    rewards, _ = r(texts, golds)
+    assert rewards == [1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="gold answers"):
+        r(texts, golds[:2])
     r.close()
     with pytest.raises(ValueError, match="scoring"):
         mr.MathReward(scoring="pm2")
-    with pytest.raises(ValueError, match="max_response_len"):
-        mr.MathReward(overlong_buffer=4)
 
 
 def test_bad_inputs_raise_clear_errors():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg_ref import math_reward as mr
+from rpg_ref.math import reward as mr
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIES = 3

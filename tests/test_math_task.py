@@ -1,5 +1,6 @@
-"""The math task (rpg_ref/tasks/math.py) on a tiny random Qwen3 with the real Qwen3 tokenizer and the
-real AIME/AMC problems: end-to-end training, resume, export, rpg-eval; prompts, rewards, the policy
+"""The math task (rpg_ref/tasks/math.py) on a tiny random Qwen3 with the real Qwen3 tokenizer and
+the real AIME/AMC problems: end-to-end training, resume, export, rpg-eval; prompts, rewards, the
+policy
 wrapper's precision and gradient checkpointing; refusals of bad options."""
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ pytest.importorskip("safetensors")
 
 from rpg_ref import cli
 from rpg_ref.interfaces import Prompt
-from rpg_ref.math_data import data_dir, tiny_qwen3_config
+from rpg_ref.math.data import data_dir
+from rpg_ref.math.tiny_model import tiny_qwen3_config
 
 CONFIG = data_dir() / "models" / "qwen3-0.6b" / "config.json"
 TOKENIZER = data_dir() / "tokenizer" / "qwen3"
-NEEDED = [CONFIG, TOKENIZER, data_dir() / "eval" / "aime24.jsonl", data_dir() / "eval" / "amc23.jsonl"]
+NEEDED = [
+    CONFIG,
+    TOKENIZER,
+    data_dir() / "eval" / "aime24.jsonl",
+    data_dir() / "eval" / "amc23.jsonl",
+]
 pytestmark = pytest.mark.skipif(
     not all(p.exists() for p in NEEDED),
     reason=f"shared data absent ({', '.join(str(p) for p in NEEDED if not p.exists())}): set "
@@ -30,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> str:
-    """rpg_ref.math_data.tiny_qwen3_config: Qwen3-0.6B's config shrunk to 2 layers, width 64,
+    """rpg_ref.math.tiny_model.tiny_qwen3_config: Qwen3-0.6B's config shrunk to 2 layers, width 64,
     with the real vocabulary, so the real tokenizer and chat template work."""
     path = tmp_path_factory.mktemp("tiny") / "tiny-qwen3.json"
     path.write_text(json.dumps(tiny_qwen3_config()))
@@ -38,16 +45,54 @@ def tiny_config(tmp_path_factory) -> str:
 
 
 def _argv(model: str, out: Path, *extra) -> list:
-    return ["--task", "math", "--math-model", model, "--math-train-data", "amc23",
-            "--math-eval-data", "aime24", "--math-eval-limit", "2", "--math-eval-n", "2",
-            "--math-eval-k", "1", "2", "--math-checker", "normalizer", "--steps", "2",
-            "--prompts-per-step", "2", "--group-size", "2", "--mini-batch-size", "2",
-            "--max-new-tokens", "4", "--overlong-buffer", "0", "--no-dynamic-sampling",
-            "--device", "cpu", "--out", str(out), "--no-progress",
-            # the `math` preset's bf16 autocast + checkpointing are for GPUs (tested separately below)
-            "--math-dtype", "float32", "--no-math-gradient-checkpointing", "--micro-batch-size", "0",
-            "--threads", "1",  # 2 shared cores: one thread is several times faster for this tiny model
-            *extra]
+    return [
+        "--task",
+        "math",
+        "--math-model",
+        model,
+        "--math-train-data",
+        "amc23",
+        "--math-eval-data",
+        "aime24",
+        "--math-eval-limit",
+        "2",
+        "--math-eval-n",
+        "2",
+        "--math-eval-k",
+        "1",
+        "2",
+        "--math-checker",
+        "normalizer",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--mini-batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--overlong-buffer",
+        "0",
+        "--no-dynamic-sampling",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--no-progress",
+        # the `math` preset's bf16 autocast + checkpointing are for GPUs (tested separately
+        # below)
+        "--math-dtype",
+        "float32",
+        "--no-math-gradient-checkpointing",
+        "--micro-batch-size",
+        "0",
+        # 2 shared cores: one thread is several times faster for this tiny model
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def _cfg(tiny_config, tmp_path, *extra):
@@ -55,7 +100,7 @@ def _cfg(tiny_config, tmp_path, *extra):
 
 
 def _assert_same_weights(exported: dict, trained: dict) -> None:
-    """HF export (tied embeddings saved once, as embed_tokens) == trainer checkpoint (MathPolicy's
+    """HF export (tied embeddings saved once, as embed_tokens) == trainer checkpoint (HFPolicy's
     names, prefix "module.", the tied tensor saved once as lm_head)."""
     assert len(exported) == len(trained)
     for name, t in exported.items():
@@ -74,7 +119,9 @@ def _rows(out: Path) -> list:
 # ------------------------------------------------------------------------------------------
 
 
-def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_config, tmp_path, capsys):
+def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(
+    tiny_config, tmp_path, capsys
+):
     """`rpg-train --task math` runs 2 steps on the tiny random Qwen3 (real tokenizer, AMC23
     training problems, AIME24 evaluation): metrics.jsonl holds steps 1 and 2 with finite values,
     the evaluation at the last step logs Mean@k / Pass@k, a checkpoint and the HF export exist
@@ -82,8 +129,8 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     command rebuilds the same weights from the trainer checkpoint."""
     from safetensors.torch import load_file
 
-    from rpg_ref import evaluation
-    from rpg_ref.tasks.math import main as math_task_main
+    from rpg_ref.export import main as export_main
+    from rpg_ref.math import evaluation
 
     out = tmp_path / "run"
     assert cli.main(_argv(tiny_config, out)) == 0
@@ -97,7 +144,12 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
         assert r["reward"] == -1.0 and r["accuracy"] == 0.0 and r["response_len"] == 4.0, r
         assert r["updates"] == 2 and r["loss"] == 0.0
         assert r["logprob_diff_max"] < 1e-4
-    for key in ("eval_aime24_mean@1", "eval_aime24_pass@1", "eval_aime24_mean@2", "eval_aime24_pass@2"):
+    for key in (
+        "eval_aime24_mean@1",
+        "eval_aime24_pass@1",
+        "eval_aime24_mean@2",
+        "eval_aime24_pass@2",
+    ):
         assert key in rows[1] and 0.0 <= rows[1][key] <= 1.0, key
     assert rows[1]["eval_aime24_response_len"] == 4.0
     ckpt = out / "checkpoints" / (out / "checkpoints" / "LATEST").read_text().strip()
@@ -116,19 +168,44 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(tiny_confi
     # rpg-eval on the exported checkpoint (config, weights and tokenizer in OUT/hf)
     capsys.readouterr()
     res_path = tmp_path / "eval.json"
-    assert evaluation.main(["--model", str(out / "hf"), "--data", "amc23", "--limit", "2", "--n", "2",
-                            "--k", "1", "2", "--max-new-tokens", "4", "--device", "cpu",
-                            "--backend", "normalizer", "--out", str(res_path)]) == 0
+    assert (
+        evaluation.main(
+            [
+                "--model",
+                str(out / "hf"),
+                "--data",
+                "amc23",
+                "--limit",
+                "2",
+                "--n",
+                "2",
+                "--k",
+                "1",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--device",
+                "cpu",
+                "--backend",
+                "normalizer",
+                "--out",
+                str(res_path),
+            ]
+        )
+        == 0
+    )
     assert "amc23" in capsys.readouterr().out
     r = json.loads(res_path.read_text())["results"]["amc23"]
     assert r["problems"] == 2 and r["n"] == 2 and r["check_stats"]["checked"] == 4
 
     # the export command: trainer checkpoint (now step 3) -> HF folder with the same weights
-    assert math_task_main(["export", str(out), str(tmp_path / "exp")]) == 0
+    assert export_main([str(out), str(tmp_path / "exp")]) == 0
     again = load_file(tmp_path / "exp" / "model.safetensors")
     assert again.keys() == exported.keys()
-    _assert_same_weights(again, load_file(out / "checkpoints" / "step_000003" / "model.safetensors"))
-    assert math_task_main(["export", str(tmp_path / "nothing")]) == 2
+    _assert_same_weights(
+        again, load_file(out / "checkpoints" / "step_000003" / "model.safetensors")
+    )
+    assert export_main([str(tmp_path / "nothing")]) == 2
 
 
 # ------------------------------------------------------------------------------------------
@@ -141,7 +218,7 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
     seed -> same draw); each prompt is the chat template of the paper's instruction + problem +
     reminder, ending with Qwen3's non-thinking assistant header; --math-prompt boxed gives the
     \\boxed{} variant and --math-enable-thinking drops the empty think block."""
-    from rpg_ref.math_reward import PAPER_INSTRUCTION, PAPER_REMINDER
+    from rpg_ref.math.reward import PAPER_INSTRUCTION, PAPER_REMINDER
     from rpg_ref.tasks.math import MathTask
 
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0"), torch.device("cpu"))
@@ -153,14 +230,36 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
     assert len(set(texts)) == 8
     for p, text in zip(ps, texts):
         assert text.startswith("<|im_start|>user\n" + PAPER_INSTRUCTION + "\n\n")
-        assert text.endswith(PAPER_REMINDER + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        problem = text[len("<|im_start|>user\n" + PAPER_INSTRUCTION + "\n\n"):].split("\n\n" + PAPER_REMINDER)[0]
+        assert text.endswith(
+            PAPER_REMINDER + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        )
+        problem = text[len("<|im_start|>user\n" + PAPER_INSTRUCTION + "\n\n") :].split(
+            "\n\n" + PAPER_REMINDER
+        )[0]
         assert golds[problem] == p.answer
     boxed = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-prompt", "boxed",
                           "--math-enable-thinking"), torch.device("cpu"))
     text = boxed.tokenizer.decode(boxed.sample_prompts(1, torch.Generator().manual_seed(0))[0].ids)
     assert "\\boxed{answer}" in text and PAPER_INSTRUCTION not in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_summary_writes_nothing_and_finish_exports_and_stops_the_workers(tiny_config, tmp_path):
+    """summary() only reports (OUT/hf named, not written); finish(policy, OUT) writes the HF
+    export in OUT/hf and stops the answer-checker workers (started here by one reward call)."""
+    from rpg_ref.tasks.math import MathTask
+
+    cfg = _cfg(tiny_config, tmp_path, "--math-eval-n", "0")
+    task = MathTask(cfg, torch.device("cpu"))
+    policy = task.build_policy()
+    task.reward([Prompt(ids=[0], answer="1")], [task.tokenizer("Answer: 1")["input_ids"]])
+    assert task.scorer.checker._workers
+    out = Path(cfg.out)
+    assert task.summary(policy, cfg)["hf_export"] == str(out / "hf")
+    assert not (out / "hf").exists()
+    task.finish(policy, out)
+    assert (out / "hf" / "config.json").is_file() and (out / "hf" / "model.safetensors").is_file()
+    assert not task.scorer.checker._workers
 
 
 @pytest.mark.parametrize("scoring,right,wrong", [("pm1", 1.0, -1.0), ("binary", 1.0, 0.0)])
@@ -199,18 +298,21 @@ def _loss_and_grads(policy, ids):
     return out.logits, {n: p.grad.clone() for n, p in policy.named_parameters()}
 
 
-def test_gradient_checkpointing_recomputes_layers_in_eval_mode_with_identical_gradients(tiny_config):
+def test_gradient_checkpointing_recomputes_layers_in_eval_mode_with_identical_gradients(
+    tiny_config,
+):
     """With --math-gradient-checkpointing each decoder layer runs forward twice per
     forward+backward (once more in the backward recompute) although the trainer keeps the policy
     in eval mode, and the gradients are bitwise those without checkpointing (CPU, same kernels)."""
-    from rpg_ref.tasks.math import MathPolicy, load_hf_model
+    from rpg_ref.models.load import load_hf_model
+    from rpg_ref.models.policy import HFPolicy
 
     torch.manual_seed(0)
     model = load_hf_model(tiny_config)
     ids = torch.tensor([[785, 3974, 13876, 38835, 34208, 916, 279, 15678]])
     counts = []
     for ckpt in (False, True):
-        policy = MathPolicy(model, "float32", gradient_checkpointing=ckpt).eval()
+        policy = HFPolicy(model, "float32", gradient_checkpointing=ckpt).eval()
         calls = [0]
 
         def count(*_, calls=calls):
@@ -234,13 +336,14 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     """--math-dtype bf16-autocast: parameters (the optimizer's master weights) stay float32 and
     the forward's matrix products run in bf16 (bf16 logits), in generation too; float32 computes
     float32 logits; --math-dtype bfloat16 stores bf16 parameters."""
-    from rpg_ref.tasks.math import MathPolicy, load_hf_model
+    from rpg_ref.models.load import load_hf_model
+    from rpg_ref.models.policy import HFPolicy
 
     torch.manual_seed(0)
     ids = torch.tensor([[785, 3974, 13876, 38835]])
     model = load_hf_model(tiny_config)
-    fp32, _ = _loss_and_grads(MathPolicy(model, "float32").eval(), ids)
-    auto = MathPolicy(model, "bf16-autocast").eval()
+    fp32, _ = _loss_and_grads(HFPolicy(model, "float32").eval(), ids)
+    auto = HFPolicy(model, "bf16-autocast").eval()
     logits, grads = _loss_and_grads(auto, ids)
     assert fp32.dtype == torch.float32 and logits.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in auto.parameters())
@@ -248,7 +351,9 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
     seq = auto.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2,
                         do_sample=False, pad_token_id=0)
     assert seq.shape == (1, 6)
-    assert all(p.dtype == torch.bfloat16 for p in load_hf_model(tiny_config, "bfloat16").parameters())
+    assert all(
+        p.dtype == torch.bfloat16 for p in load_hf_model(tiny_config, "bfloat16").parameters()
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -257,15 +362,34 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
 
 
 def test_math_cpu_preset_runs_the_tiny_qwen3_on_real_problems(tmp_path, capsys):
-    """`rpg-train --preset math-cpu` (here one step, 8 tokens, 2 evaluation problems) builds the tiny Qwen3
-    from the shared 0.6B config (2 layers of width 64, the real vocabulary), tokenizes real
+    """`rpg-train --preset math-cpu` (here one step, 8 tokens, 2 evaluation problems) builds the
+    tiny Qwen3 from the shared 0.6B config (2 layers of width 64, the real vocabulary), tokenizes
+    real
     training problems with the real tokenizer, trains, evaluates Mean@k / Pass@k on AMC23 and
     saves a checkpoint and the HF export."""
     from transformers import AutoConfig
 
     out = tmp_path / "run"
-    assert cli.main(["--preset", "math-cpu", "--steps", "1", "--math-eval-limit", "2", "--no-progress",
-                     "--max-new-tokens", "8", "--overlong-buffer", "2", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "--preset",
+                "math-cpu",
+                "--steps",
+                "1",
+                "--math-eval-limit",
+                "2",
+                "--no-progress",
+                "--max-new-tokens",
+                "8",
+                "--overlong-buffer",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (row,) = _rows(out)
     assert row["step"] == 1 and row["accuracy"] == 0.0 and -2.0 <= row["reward"] <= 1.0
     assert 1 <= row["response_len"] <= 8
@@ -319,15 +443,28 @@ def test_bad_model_is_refused(tiny_config, tmp_path):
     from rpg_ref.tasks.math import MathTask
 
     (tmp_path / "empty").mkdir()
-    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
-                         str(tmp_path / "empty"), "--math-tokenizer", str(TOKENIZER)), torch.device("cpu"))
-    with pytest.raises(ValueError, match="needs a config.json"):
+    task = MathTask(
+        _cfg(
+            tiny_config,
+            tmp_path,
+            "--math-eval-n",
+            "0",
+            "--math-model",
+            str(tmp_path / "empty"),
+            "--math-tokenizer",
+            str(TOKENIZER),
+        ),
+        torch.device("cpu"),
+    )
+    with pytest.raises(ValueError, match=r"needs a config\.json"):
         task.build_policy()
     small = json.loads(Path(tiny_config).read_text()) | {"vocab_size": 1000}
     (tmp_path / "small.json").write_text(json.dumps(small))
     task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
                          str(tmp_path / "small.json")), torch.device("cpu"))
-    with pytest.raises(ValueError, match="151669 tokens but the model's embedding has only 1000 rows"):
+    with pytest.raises(
+        ValueError, match="151669 tokens but the model's embedding has only 1000 rows"
+    ):
         task.build_policy()
 
 
@@ -353,12 +490,13 @@ def test_trainer_registers_math_and_vllm_and_the_math_presets_are_the_papers_rec
 
 
 def test_vllm_weight_names_of_the_wrapped_policy_are_the_hf_names(tiny_config):
-    """The vLLM engine's weight mapping turns MathPolicy's parameter names ("module." + HF name)
+    """The vLLM engine's weight mapping turns HFPolicy's parameter names ("module." + HF name)
     back into the HF checkpoint's names that vLLM's load_weights expects (tied lm_head dropped)."""
     from rpg_ref.engines.vllm import hf_to_vllm_weights
-    from rpg_ref.tasks.math import MathPolicy, load_hf_model
+    from rpg_ref.models.load import load_hf_model
+    from rpg_ref.models.policy import HFPolicy
 
     model = load_hf_model(tiny_config)
-    names = [n for n, _ in hf_to_vllm_weights(MathPolicy(model).named_parameters(), True)]
+    names = [n for n, _ in hf_to_vllm_weights(HFPolicy(model).named_parameters(), True)]
     assert names == [n for n, _ in model.named_parameters()]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names

@@ -1,4 +1,5 @@
-"""small_scale/memory_budget.py: its parameter count is the real model's, its KV size the formula's."""
+"""small_scale/memory_budget.py: its parameter count is the real model's, its KV size the
+formula's."""
 import importlib.util
 import json
 from pathlib import Path
@@ -7,7 +8,7 @@ import pytest
 import torch
 from needs import needs_data
 
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 _spec = importlib.util.spec_from_file_location(
     "memory_budget", Path(__file__).resolve().parent.parent / "small_scale" / "memory_budget.py")
@@ -18,13 +19,16 @@ _spec.loader.exec_module(mb)
 @needs_data("models")
 @pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"])
 def test_param_count_equals_the_instantiated_model(name):
-    """The analytic count equals sum(p.numel()) of the HF model built on the meta device (no memory)."""
+    """The analytic count equals sum(p.numel()) of the HF model built on the meta device (no
+    memory)."""
     path = data_dir() / "models" / name / "config.json"
     if not path.is_file():
         pytest.skip(f"{path} not found: set RPG_DATA_DIR to the shared data folder")
     transformers = pytest.importorskip("transformers")
     cfg = json.loads(path.read_text())
-    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")})
+    hf_cfg = transformers.Qwen3Config(
+        **{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
+    )
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
     assert mb.param_count(cfg)["total"] == sum(p.numel() for p in model.parameters())
@@ -36,7 +40,8 @@ def test_kv_cache_bytes_and_the_4b_budget_fits():
     if not path.is_file():
         pytest.skip(f"{path} not found: set RPG_DATA_DIR to the shared data folder")
     cfg = json.loads(path.read_text())
-    assert mb.kv_bytes_per_token(cfg) == 36 * 2 * 8 * 128 * 2      # layers x (K, V) x kv heads x head_dim x bf16
+    # layers x (K, V) x kv heads x head_dim x bf16
+    assert mb.kv_bytes_per_token(cfg) == 36 * 2 * 8 * 128 * 2
     for resp in (2048, 4096, 8192):
         b = mb.budget(cfg, 80.0, 1024, resp, 1024, 8, 2.0, 1.0, 3.0)
         assert b["train_total"] < 80 * mb.GiB
@@ -60,4 +65,9 @@ def test_chunked_lm_head_makes_qwen3_4b_at_8k_fit_by_the_estimate():
         chunked = mb.budget(cfg, 80.0, 1024, 8192, 0, 8, 2.0, 1.0, 3.0, engine=engine)
         whole = mb.budget(cfg, 80.0, 1024, 8192, 0, 8, 2.0, 1.0, 3.0, engine=engine, unchunked=True)
         assert chunked["train_total"] < 80 * mb.GiB < whole["train_total"], engine
-    assert mb.budget(cfg, 80.0, 1024, 8192, 0, 8, 2.0, 1.0, 3.0, engine="hf")["rollout_hf"]["concurrent_seqs"] >= 1
+    assert (
+        mb.budget(cfg, 80.0, 1024, 8192, 0, 8, 2.0, 1.0, 3.0, engine="hf")["rollout_hf"][
+            "concurrent_seqs"
+        ]
+        >= 1
+    )

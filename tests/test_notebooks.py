@@ -23,8 +23,13 @@ from derivations.paper_tables import paper_tex_path
 
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
-NAMES = ["01_k3_is_unnormalized_kl", "02_grpo_kl_and_its_correction",
-         "03_eight_surrogates_gradient_equivalence", "04_rpg_style_clip", "05_bandit_to_transformer"]
+NAMES = [
+    "01_k3_is_unnormalized_kl",
+    "02_grpo_kl_and_its_correction",
+    "03_eight_surrogates_gradient_equivalence",
+    "04_rpg_style_clip",
+    "05_bandit_to_transformer",
+]
 # a cell that draws a figure calls a paper_figs plot_* function or paper_figs.show
 DRAWS_FIGURE = re.compile(r"\bplot_\w+\(|\bshow\(")
 # paths of a developer's machine that must not be committed in an output
@@ -133,7 +138,9 @@ def test_paper_labels_named_in_a_notebook_exist(name):
     cells = build.read_source(NB_DIR / f"{name}.py").cells
     header = PAPER_LABEL.findall(cells[0].source.split("**Paper labels.**", 1)[1].split("\n\n")[0])
     assert header, f"{name}: no labels after **Paper labels.**"
-    named = set(PAPER_LABEL.findall("\n".join(c.source for c in cells if c.cell_type == "markdown")))
+    named = set(
+        PAPER_LABEL.findall("\n".join(c.source for c in cells if c.cell_type == "markdown"))
+    )
     assert named - labels == set()
 
 

@@ -43,7 +43,9 @@ def batched_grads(name, w, A, *, beta, clip, ref_log_rho=None):
     n = len(w)
     logp = torch.full((n, 1), -1.0, dtype=DT, requires_grad=True)
     old = (-1.0 - torch.log(torch.as_tensor(w, dtype=DT))).view(n, 1)
-    ref = None if ref_log_rho is None else (-1.0 - torch.as_tensor(ref_log_rho, dtype=DT)).view(n, 1)
+    ref = (
+        None if ref_log_rho is None else (-1.0 - torch.as_tensor(ref_log_rho, dtype=DT)).view(n, 1)
+    )
     loss, _ = get_loss(name)(logp, old, torch.full((n,), A, dtype=DT), torch.ones(n, 1, dtype=DT),
                              beta=beta, ref_logp=ref, clip=clip, agg="seq-mean-token-sum")
     (g,) = torch.autograd.grad(loss, logp)
@@ -81,7 +83,9 @@ def test_fig_ppo_dualclip_loss_vis(dualclip):
         np.testing.assert_allclose(p["loss"], expect, rtol=0, atol=1e-12)
         flat = (w > 1 + eh) if A >= 0 else ((w < 1 - el) | (w > c))
         ok = away_from(w, 1 - el, 1 + eh, c)
-        assert np.array_equal(p["has_grad"][ok], ~flat[ok]), f"A={A}: flat segments differ from the algorithm"
+        assert np.array_equal(p["has_grad"][ok], ~flat[ok]), (
+            f"A={A}: flat segments differ from the algorithm"
+        )
         assert flat[ok].any() and (~flat[ok]).any()
         np.testing.assert_allclose(p["grad"][~flat & ok], -w[~flat & ok] * A, rtol=1e-12, atol=0)
         assert np.all(p["grad"][flat & ok] == 0.0)
@@ -101,7 +105,8 @@ def test_fig_ppo_dualclip_loss_vis_caption_gradient_via_ahat():
     for p in d["panels"]:
         A = p["A"]
         a_hat = A - beta * np.log(w)
-        assert np.all(np.sign(a_hat) == np.sign(A))               # the case does not switch on the grid
+        # the case does not switch on the grid
+        assert np.all(np.sign(a_hat) == np.sign(A))
         clipped = np.clip(w, 1 - el, 1 + eh)
         expect = np.maximum(-w * a_hat, -clipped * a_hat)
         if A < 0:
@@ -125,18 +130,22 @@ def test_fig_ppo_dualclip_loss_vis_caption_gradient_via_ahat():
 def rpg_style_expected(w, A, ckl, el, eh, c):
     """Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v1 with ell = 1: (value, flat mask)."""
     psi = A + ckl / w                                               # A' * ell
-    value = np.where(psi >= 0,
-                     np.where(w < 1 + eh, A * w + ckl, A * (1 + eh) + ckl),
-                     np.where(w <= 1 - el, A * (1 - el) + ckl, np.where(w < c, A * w + ckl, A * c + ckl)))
+    value = np.where(
+        psi >= 0,
+        np.where(w < 1 + eh, A * w + ckl, A * (1 + eh) + ckl),
+        np.where(w <= 1 - el, A * (1 - el) + ckl, np.where(w < c, A * w + ckl, A * c + ckl)),
+    )
     flat = np.where(psi >= 0, w >= 1 + eh, (w <= 1 - el) | (w >= c))
     return value, flat
 
 
 def test_fig_offpolicy_rpg_rf_ppo_dualclip_v1():
     """fig:offpolicy_rpg_rf_ppo_dualclip_v1 in the paper's plotted setting (A_R = +-1, C_KL = +-0.1,
-    ell = 1): the plotted values are Algorithm 2's (A_R w + C_KL on gradient segments, A_R w_high + C_KL,
-    A_R w_low + C_KL, A_R c + C_KL on the flat ones); gradients vanish exactly on the algorithm's
-    SG(ell) segments and equal -(A_R w + C_KL) = d/d log pi of (A_R w + C_KL) * (-log pi) elsewhere."""
+    ell = 1): the plotted values are Algorithm 2's (A_R w + C_KL on gradient segments, A_R w_high +
+    C_KL, A_R w_low + C_KL, A_R c + C_KL on the flat ones); gradients vanish exactly on the
+    algorithm's
+    SG(ell) segments and equal -(A_R w + C_KL) = d/d log pi of (A_R w + C_KL) * (-log pi)
+    elsewhere."""
     d = clip_shapes.rpg_style_clip_data()
     w, (el, eh), c, beta = d["w"], d["eps"], d["c"], d["beta"]
     assert d["loss"] == "rpg-reinforce-urkl" and d["ell"] == 1.0
@@ -148,7 +157,9 @@ def test_fig_offpolicy_rpg_rf_ppo_dualclip_v1():
         ok = away_from(w, 1 - el, 1 + eh, c)
         assert np.array_equal(p["has_grad"][ok], ~flat[ok])
         np.testing.assert_allclose(p["grad"][~flat & ok], -(A * w + ckl)[~flat & ok], rtol=1e-12)
-        g = batched_grads("rpg-reinforce-urkl", w, A, beta=beta, clip=(el, eh, c), ref_log_rho=-ckl / (beta * w))
+        g = batched_grads(
+            "rpg-reinforce-urkl", w, A, beta=beta, clip=(el, eh, c), ref_log_rho=-ckl / (beta * w)
+        )
         np.testing.assert_allclose(p["grad"], g, rtol=1e-12, atol=1e-15)
         assert np.array_equal(p["has_grad"], g != 0.0)
 
@@ -181,19 +192,29 @@ def test_grpo_kl_gradient_error_curve():
     ds = (0.0, 0.02, 0.1, 0.5, 1.0, 2.0, 4.0)
     d = grpo_kl_error.grpo_kl_error_data(distances=ds)
     for (label, ref_dist), s in zip(grpo_kl_error.SETTINGS, d["settings"].values()):
-        # independent: the published term's expected gradient by rpg_ref.exact, grad UKL by autograd here
+        # independent: the published term's expected gradient by rpg_ref.exact, grad UKL by autograd
+        # here
         g = torch.Generator().manual_seed(0)
         th_old = torch.randn(6, generator=g, dtype=DT)
         u = torch.randn(6, generator=g, dtype=DT)
         u = (u - u.mean()) / (u - u.mean()).norm()
-        ref = th_old + (0.0 if ref_dist is None else ref_dist) * torch.randn(6, generator=g, dtype=DT)
-        old_lp, ref_lp, zero = torch.log_softmax(th_old, -1), torch.log_softmax(ref, -1), torch.zeros(6, dtype=DT)
+        ref = th_old + (0.0 if ref_dist is None else ref_dist) * torch.randn(
+            6, generator=g, dtype=DT
+        )
+        old_lp, ref_lp, zero = (
+            torch.log_softmax(th_old, -1),
+            torch.log_softmax(ref, -1),
+            torch.zeros(6, dtype=DT),
+        )
         for i, t in enumerate(ds):
             th = th_old + t * u
             g_pub = exact.expected_loss_grad("grpo", th, old_lp, zero, 1.0, ref_lp)
             th_ = th.clone().requires_grad_(True)
-            lpt = torch.log_softmax(th_, -1)                 # UKL(pi_theta || pi_ref) from its definition
-            (g_true,) = torch.autograd.grad((lpt.exp() * (lpt - ref_lp)).sum() + (ref_lp.exp() - lpt.exp()).sum(), th_)
+            # UKL(pi_theta || pi_ref) from its definition
+            lpt = torch.log_softmax(th_, -1)
+            (g_true,) = torch.autograd.grad(
+                (lpt.exp() * (lpt - ref_lp)).sum() + (ref_lp.exp() - lpt.exp()).sum(), th_
+            )
             if float(g_true.norm()) < 1e-14:
                 assert ref_dist is None and t == 0.0 and math.isnan(s["rel_err"][i])
                 continue
@@ -217,12 +238,18 @@ def test_grpo_kl_fallback_matches_derivations():
                 if ra[k] is None:
                     assert rb[k] is None
                 else:
-                    assert abs(ra[k] - rb[k]) < 1e-10 * max(1.0, abs(ra[k])), (ref_dist, k, ra[k], rb[k])
+                    assert abs(ra[k] - rb[k]) < 1e-10 * max(1.0, abs(ra[k])), (
+                        ref_dist,
+                        k,
+                        ra[k],
+                        rb[k],
+                    )
 
 
 def test_kl_estimators_gaussian_schulman():
-    """k1, k3 are unbiased for KL(q||p) = mu^2/2 with q = N(0,1), p = N(mu,1); E[k2] = (mu^2 + mu^4/4)/2.
-    The plotted Monte-Carlo means agree with these closed forms within the CLT threshold (the
+    """k1, k3 are unbiased for KL(q||p) = mu^2/2 with q = N(0,1), p = N(mu,1); E[k2] = (mu^2 +
+    mu^4/4)/2. The plotted Monte-Carlo means agree with these closed forms within the CLT threshold
+    (the
     standard error of each mean is its sample std / sqrt(n))."""
     d = kl_estimators.gaussian_data(mus=(0.1, 0.5, 1.0, 2.0), n=100_000, seed=3)
     mu = d["mu"]
@@ -237,7 +264,8 @@ def test_kl_estimators_gaussian_schulman():
 
 
 def test_kl_estimators_categorical_exact():
-    """Categorical, exact enumeration: E_q[k1] = E_q[k3] = KL(q||p) and E_q[k2] = sum q (log p/q)^2 / 2;
+    """Categorical, exact enumeration: E_q[k1] = E_q[k3] = KL(q||p) and E_q[k2] = sum q (log p/q)^2
+    / 2;
     standard deviations as sums over outcomes (numpy, float64)."""
     d = kl_estimators.categorical_data(ts=(0.1, 1.0, 3.0), K_=10, seed=0)
     g = torch.Generator().manual_seed(0)
@@ -259,8 +287,9 @@ def test_kl_estimators_categorical_exact():
 
 
 def test_grad_variance_normalized_vs_unnormalized():
-    """app:normalized_kl: the plotted Monte-Carlo total variance of one sample's gradient agrees with
-    the exact variance by enumeration (each outcome's gradient by autograd through theta, one loss
+    """app:normalized_kl: the plotted Monte-Carlo total variance of one sample's gradient agrees
+    with the exact variance by enumeration (each outcome's gradient by autograd through theta, one
+    loss
     call per outcome); REINFORCE twins have identical per-sample gradients (prop:equiv_rf_fd)."""
     scales, n, beta = (0.0, 0.5, 1.0), 20_000, 0.5
     d = grad_variance.grad_variance_data(scales=scales, n=n, beta=beta)
@@ -280,8 +309,12 @@ def test_grad_variance_normalized_vs_unnormalized():
             mean = (p_old[:, None] * G).sum(0)
             var = float((p_old * ((G - mean) ** 2).sum(1)).sum())
             z = (d[name]["var"][i] - var) / d[name]["var_se"][i]
-            assert abs(z) < zs, f"{name} s={s}: estimate {d[name]['var'][i]}, exact {var}, N={n}, z={z}"
-        x = torch.multinomial(p_old, 500, replacement=True, generator=torch.Generator().manual_seed(1))
+            assert abs(z) < zs, (
+                f"{name} s={s}: estimate {d[name]['var'][i]}, exact {var}, N={n}, z={z}"
+            )
+        x = torch.multinomial(
+            p_old, 500, replacement=True, generator=torch.Generator().manual_seed(1)
+        )
         for div in ("fkl", "ufkl", "rkl", "urkl"):
             a = grad_variance.per_sample_grads(f"rpg-{div}", th, old_lp, adv, x, beta)
             b = grad_variance.per_sample_grads(f"rpg-reinforce-{div}", th, old_lp, adv, x, beta)
@@ -293,30 +326,46 @@ def test_grad_variance_normalized_vs_unnormalized():
 # ------------------------------------------------------------------------------------------------
 
 def write_logs(root, exp, runs, seeds=(0, 1, 2), steps=10, eval_every=5, groups=None, bandit=False):
-    """Synthetic logs in rpg_ref/train.py's metrics.jsonl / summary.json format, known values:
+    """Synthetic logs in small_scale/logs' layout (<exp>.jsonl: the experiment record, then per run
+    and seed its summary and metrics rows in rpg_ref/train.py's format), known values:
     metric(run r, seed s, step t) = 0.01 * t + 0.1 * r + 0.001 * s."""
     spec = {"runs": {r: {"label": r.upper()} for r in runs}, "groups": groups or {}}
-    (root / exp).mkdir(parents=True, exist_ok=True)
-    (root / exp / "experiment.json").write_text(json.dumps(spec))
+    recs = [{"experiment": spec}]
     for ri, run in enumerate(runs):
         for s in seeds:
-            d = root / exp / run / f"seed{s}"
-            d.mkdir(parents=True)
             rows = []
             for t in range(1, steps + 1):
                 v = 0.01 * t + 0.1 * ri + 0.001 * s
-                row = {"step": t, "reward": v, "accuracy": v, "entropy": 1 - v, "response_len": 3 + v, "kl_old": v / 10}
+                row = {
+                    "step": t,
+                    "reward": v,
+                    "accuracy": v,
+                    "entropy": 1 - v,
+                    "response_len": 3 + v,
+                    "kl_old": v / 10,
+                }
                 if bandit:
                     row["kl_ref"] = v / 5
                 if t % eval_every == 0 or t == steps:
-                    row.update({"eval_expected_reward": v, "eval_p_best": v} if bandit else {"eval_greedy_accuracy": v})
+                    row.update(
+                        {"eval_expected_reward": v, "eval_p_best": v}
+                        if bandit
+                        else {"eval_greedy_accuracy": v}
+                    )
                 rows.append(row)
-            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             summ = {"final": rows[-1]}
             if bandit:
-                summ.update(policy=[0.5, 0.5], rewards=[1.0, 0.0], optimum=[0.6, 0.4], tv_distance=0.1 + 0.01 * s,
-                            optimum_note="test")
-            (d / "summary.json").write_text(json.dumps(summ))
+                summ.update(
+                    policy=[0.5, 0.5],
+                    rewards=[1.0, 0.0],
+                    optimum=[0.6, 0.4],
+                    tv_distance=0.1 + 0.01 * s,
+                    optimum_note="test",
+                )
+            recs.append({"run": run, "seed": s, "summary": summ})
+            recs += [{"run": run, "seed": s, "metrics": r} for r in rows]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{exp}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
 @pytest.fixture(scope="module")
@@ -345,9 +394,11 @@ def test_training_dynamics_and_last_best_table(logs):
     cell = t["rows"]["b"]["eval_accuracy"]
     assert abs(cell["last"] - 0.301) < 1e-12 and abs(cell["best"] - 0.301) < 1e-12
     assert abs(cell["last_std"] - 0.001) < 1e-12
-    acc = t["rows"]["a"]["accuracy"]                  # trailing mean of steps 16..20: 0.18 + 0.001 s
+    # trailing mean of steps 16..20: 0.18 + 0.001 s
+    acc = t["rows"]["a"]["accuracy"]
     assert abs(acc["last"] - 0.181) < 1e-12 and abs(acc["best"] - 0.181) < 1e-12
-    g = training.gain_data("seq", k=5, logs=logs)                  # linear series: gain = 0.01 * (20 - 5)
+    # linear series: gain = 0.01 * (20 - 5)
+    g = training.gain_data("seq", k=5, logs=logs)
     np.testing.assert_allclose(g["rows"]["a"], 0.15, rtol=1e-12)
     with pytest.raises(ValueError, match="need >= 22"):
         training.gain_data("seq", k=11, logs=logs)
@@ -357,26 +408,57 @@ def test_training_dynamics_and_last_best_table(logs):
 
 
 def test_training_logs_refuse_inconsistent_or_missing(tmp_path):
-    """Seeds logged at different steps, a run without logs, or a missing experiment raise a clear error."""
+    """Seeds logged at different steps, a run without logs, or a missing experiment raise a clear
+    error."""
     write_logs(tmp_path, "seq", ["a"], seeds=(0, 1))
-    p = tmp_path / "seq" / "a" / "seed1" / "metrics.jsonl"
-    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-1]))       # drop the last step
+    p = tmp_path / "seq.jsonl"
+    # seed 1 loses its last step
+    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-1]))
     with pytest.raises(ValueError, match="different steps"):
         training.dynamics_data("seq", logs=tmp_path)
-    spec = json.loads((tmp_path / "seq" / "experiment.json").read_text())
-    spec["runs"]["ghost"] = {}
-    (tmp_path / "seq" / "experiment.json").write_text(json.dumps(spec))
-    with pytest.raises(FileNotFoundError, match="run_experiments.py --exp seq"):
+    lines = p.read_text().splitlines(keepends=True)
+    spec = json.loads(lines[0])
+    spec["experiment"]["runs"]["ghost"] = {}
+    p.write_text(json.dumps(spec) + "\n" + "".join(lines[1:]))
+    with pytest.raises(FileNotFoundError, match=r"run_experiments\.py --exp seq"):
         training.load_experiment("seq", tmp_path)
-    with pytest.raises(FileNotFoundError, match="run_experiments.py --exp bandit"):
+    with pytest.raises(FileNotFoundError, match=r"run_experiments\.py --exp bandit"):
         training.load_experiment("bandit", tmp_path)
-    (tmp_path / "seq" / "a" / "seed0" / "metrics.jsonl").write_text("{not json\n")
+    p.write_text(p.read_text() + "{not json\n")
     with pytest.raises(ValueError, match="not a JSON object"):
-        training.read_jsonl(tmp_path / "seq" / "a" / "seed0" / "metrics.jsonl")
+        training.load_experiment("seq", tmp_path)
+    p.write_text(json.dumps({"run": "a", "seed": 0, "rows": []}) + "\n")
+    with pytest.raises(ValueError, match="without seed and config/summary/metrics"):
+        training.load_experiment("seq", tmp_path)
+
+
+def test_run_experiments_writes_the_layout_the_figures_read(tmp_path):
+    """small_scale/run_experiments.py's writer and paper_figs' reader agree: a log read and written
+    back is the same file, byte for byte (runs in the experiment's order, seeds increasing), and a
+    run added to it is read back whole."""
+    import run_experiments  # small_scale/ (on the path: tests/conftest.py)
+
+    write_logs(tmp_path / "a", "seq", ["a", "b"], seeds=(0, 1), steps=4)
+    log = run_experiments.read_log(tmp_path / "a" / "seq.jsonl")
+    for seeds in log["runs"].values():
+        for r in seeds.values():
+            r["config"] = {"seed": 0}
+    run_experiments.write_log(tmp_path / "b.jsonl", log)
+    again = run_experiments.read_log(tmp_path / "b.jsonl")
+    assert again == log
+    run_experiments.write_log(tmp_path / "c.jsonl", again)
+    assert (tmp_path / "c.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    again["runs"]["b"][2] = {"config": {"seed": 2}, "summary": {"final": {"step": 1}},
+                             "metrics": [{"step": 1, "reward": 0.5}]}
+    run_experiments.write_log(tmp_path / "d.jsonl", again)
+    back = run_experiments.read_log(tmp_path / "d.jsonl")
+    assert list(back["runs"]["b"]) == [0, 1, 2] and back["runs"]["b"][2] == again["runs"]["b"][2]
+    assert not list(tmp_path.glob("*.tmp*"))
+    assert run_experiments.read_log(tmp_path / "none.jsonl")["runs"] == {}
 
 
 def test_bandit_table_from_summaries(logs):
-    """The bandit table reads the trainer's summary.json: TV distance to the analytic optimum per
+    """The bandit table reads the trainer's summaries: TV distance to the analytic optimum per
     seed and the expected reward sum_i p_i R_i of the final and of the optimal policy."""
     t = training.bandit_table_data("bandit", logs)
     np.testing.assert_allclose(t["rows"]["x"]["tv"], [0.10, 0.11, 0.12], rtol=1e-12)
@@ -385,9 +467,12 @@ def test_bandit_table_from_summaries(logs):
 
 
 def test_committed_small_scale_logs_load():
-    """The logs committed in small_scale/logs (what rpg-figs reads in a fresh clone) are complete."""
-    if not (training.DEFAULT_LOGS / "seq" / "experiment.json").exists():
-        pytest.skip(f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)")
+    """The logs committed in small_scale/logs (what rpg-figs reads in a fresh clone) are
+    complete."""
+    if not (training.DEFAULT_LOGS / "seq.jsonl").exists():
+        pytest.skip(
+            f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)"
+        )
     for exp in ("bandit", "seq", "ablation"):
         ex = training.load_experiment(exp)
         for run, recs in ex["runs"].items():
@@ -402,10 +487,22 @@ def test_render_every_figure(logs, tmp_path):
     assert figs_main(["--out", str(tmp_path), "--logs", str(logs)]) == 0
     for name in FIGURES:
         assert (tmp_path / f"{name}.png").exists() or name in ("bandit",), name
-    for f in ("bandit_dynamics", "bandit_tv_to_optimum", "main_seq", "ablation_clip", "ablation_kl"):
+    for f in (
+        "bandit_dynamics",
+        "bandit_tv_to_optimum",
+        "main_seq",
+        "ablation_clip",
+        "ablation_kl",
+    ):
         assert (tmp_path / f"{f}.png").stat().st_size > 1000 and (tmp_path / f"{f}.pdf").exists()
-    for f in ("main_table_seq.md", "main_table_seq.tex", "main_seq_gain.md", "ablation_clip_table.md",
-              "ablation_kl_gain.md", "bandit_table.md"):
+    for f in (
+        "main_table_seq.md",
+        "main_table_seq.tex",
+        "main_seq_gain.md",
+        "ablation_clip_table.md",
+        "ablation_kl_gain.md",
+        "bandit_table.md",
+    ):
         assert (tmp_path / f).read_text().strip()
     with pytest.raises(ValueError, match="unknown figure"):
         render("no-such-figure", tmp_path, logs)
@@ -430,18 +527,34 @@ def test_paper_main_table_8k_bars():
     exactly the bars they concern; RPG / RPG-REINFORCE / baselines told apart."""
     from paper_figs import results_tables as rt
     d = rt.bars_data("tab:main_table_8k")
-    assert d["methods"] == ["GRPO", "DAPO", "RPG-UFKL", "RPG-URKL", "RPG-REINFORCE-UFKL", "RPG-REINFORCE-URKL"]
-    assert [d["family"][m] for m in d["methods"]] == ["baseline"] * 2 + ["rpg"] * 2 + ["rpg-reinforce"] * 2
+    assert d["methods"] == [
+        "GRPO",
+        "DAPO",
+        "RPG-UFKL",
+        "RPG-URKL",
+        "RPG-REINFORCE-UFKL",
+        "RPG-REINFORCE-URKL",
+    ]
+    assert [d["family"][m] for m in d["methods"]] == ["baseline"] * 2 + ["rpg"] * 2 + [
+        "rpg-reinforce"
+    ] * 2
     assert d["benchmarks"] == ["AIME24", "AIME25", "AMC23"]
     assert d["bars"]["AIME25"]["Last"] == [0.3354, 0.4469, 0.4698, 0.5261, 0.4833, 0.5073]
     assert d["bars"]["AIME25"]["Best"] == [0.4063, 0.4740, 0.4865, 0.4938, 0.5031, 0.5208]
     assert d["marks"]["AIME25"]["Last"] == [None, None, None, None, "underline", "bold"]
     assert d["baseline_best"]["AIME25"] == {"Last": {"method": "DAPO", "value": 0.4469},
                                             "Best": {"method": "DAPO", "value": 0.4740}}
-    got = {(c["benchmark"], c["method"], c["metric"], c["kind"], c["line"]) for c in d["contradictions"]}
-    assert got == {("AIME25", "RPG-URKL", "Last", "Best < Last", 780), ("AIME25", "RPG-URKL", "Best", "Best < Last", 780),
-                   ("AIME25", "RPG-URKL", "Last", "mark", 780), ("AIME25", "RPG-REINFORCE-UFKL", "Last", "mark", 783),
-                   ("AIME25", "RPG-REINFORCE-URKL", "Last", "mark", 785)}
+    got = {
+        (c["benchmark"], c["method"], c["metric"], c["kind"], c["line"])
+        for c in d["contradictions"]
+    }
+    assert got == {
+        ("AIME25", "RPG-URKL", "Last", "Best < Last", 780),
+        ("AIME25", "RPG-URKL", "Best", "Best < Last", 780),
+        ("AIME25", "RPG-URKL", "Last", "mark", 780),
+        ("AIME25", "RPG-REINFORCE-UFKL", "Last", "mark", 783),
+        ("AIME25", "RPG-REINFORCE-URKL", "Last", "mark", 785),
+    }
     assert rt.bars_data("tab:main_table_4k")["contradictions"] == []
 
 
@@ -467,14 +580,19 @@ def test_paper_vs_small_scale_side_by_side(tmp_path):
     write_logs(tmp_path, "seq", ["dapo", "grpo", "rpg-reinforce-urkl"], steps=20)
     d = rt.side_by_side_data(tmp_path)
     i = d["methods"].index("RPG-REINFORCE-URKL")
-    mean, sd = d["small"]["Last"][i]                     # eval at step 20: 0.2 + 0.1 * 2 + 0.001 * seed
+    # eval at step 20: 0.2 + 0.1 * 2 + 0.001 * seed
+    mean, sd = d["small"]["Last"][i]
     assert abs(mean - 0.401) < 1e-12 and abs(sd - 0.001) < 1e-12
     assert d["small"]["Best"][d["methods"].index("DAPO")][0] == pytest.approx(0.201, abs=1e-12)
-    assert d["small"]["Last"][d["methods"].index("REINFORCE++-Baseline")] is None      # not run here
+    # not run here
+    assert d["small"]["Last"][d["methods"].index("REINFORCE++-Baseline")] is None
     assert d["methods"][:4] == ["REINFORCE++-Baseline", "REINFORCE++", "GRPO", "DAPO"]
     margin = d["claims"][0]
     assert margin["stats"][0]["a"] == "RPG-REINFORCE-URKL" and margin["stats"][0]["b"] == "DAPO"
-    assert margin["stats"][0]["mean"] == pytest.approx(0.2, abs=1e-12) and margin["verdict"] == "replicates"
+    assert (
+        margin["stats"][0]["mean"] == pytest.approx(0.2, abs=1e-12)
+        and margin["verdict"] == "replicates"
+    )
     assert "+6.15" in margin["paper"]
     md = rt.side_by_side_markdown(d)
     assert "| RPG-REINFORCE-URKL | 0.5708 | 0.5781 | **0.5073** | **0.5208** |" in md
@@ -482,13 +600,19 @@ def test_paper_vs_small_scale_side_by_side(tmp_path):
 
 
 def test_results_md_has_the_generated_side_by_side():
-    """small_scale/RESULTS.md quotes paper_vs_small_scale.md as generated from the committed logs."""
+    """small_scale/RESULTS.md quotes paper_vs_small_scale.md as generated from the committed
+    logs."""
     from paper_figs import results_tables as rt
-    if not (training.DEFAULT_LOGS / "seq" / "experiment.json").exists():
-        pytest.skip(f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)")
+    if not (training.DEFAULT_LOGS / "seq.jsonl").exists():
+        pytest.skip(
+            f"no committed logs in {training.DEFAULT_LOGS} (run small_scale/run_experiments.py)"
+        )
     results_md = (training.DEFAULT_LOGS.parent / "RESULTS.md").read_text()
     pasted = rt.side_by_side_markdown(rt.side_by_side_data()) in results_md
-    assert pasted, "re-paste paper_vs_small_scale.md (rpg-figs --only paper_vs_small_scale) into small_scale/RESULTS.md"
+    assert pasted, (
+        "re-paste paper_vs_small_scale.md (rpg-figs --only paper_vs_small_scale) into "
+        "small_scale/RESULTS.md"
+    )
 
 
 def test_plot_without_out_dir_shows_inline_and_writes_nothing(tmp_path, monkeypatch):
@@ -507,5 +631,8 @@ def test_plot_without_out_dir_shows_inline_and_writes_nothing(tmp_path, monkeypa
     img = Image.open(io.BytesIO(shown[0].data))
     assert img.mode == "P" and "Software" not in img.info
     with_files = clip_shapes.plot_dualclip_loss(d, tmp_path)
-    assert [p.name for p in with_files] == ["ppo_dualclip_loss_vis.png", "ppo_dualclip_loss_vis.pdf"]
+    assert [p.name for p in with_files] == [
+        "ppo_dualclip_loss_vis.png",
+        "ppo_dualclip_loss_vis.pdf",
+    ]
     assert len(shown) == 1

@@ -122,4 +122,6 @@ def test_every_citation_in_the_repository_has_the_papers_number():
                 wrong.append(f"{path.relative_to(ROOT)}: {m.group(0)!r}, the paper has "
                              f"{table[label]}")
     assert not wrong, "\n".join(wrong)
-    assert seen >= 20, f"only {seen} citations found: does the pattern still match the code's style?"
+    assert seen >= 20, (
+        f"only {seen} citations found: does the pattern still match the code's style?"
+    )

@@ -23,7 +23,7 @@ SECTIONS = r"""\begin{abstract}We gain $+3$ points and reach 41\% (weight decay 
 \begin{figure}0.7777\end{figure}
 \section{Conclusion} Done.
 \section{Additional Experiment Results} See 0.1000.
-\section{Proofs} 0.3333 is not in a text section."""
+\section{Proofs} 0.3333 is not in a text section."""  # noqa: E501
 TOY = r"""\begin{table}[t]
 \caption{Scores with 4k context length. The highest score in each column is \textbf{bolded}, and the second highest is \underline{underlined}.}
 \begin{tabular}{l|cc|cc}
@@ -41,7 +41,7 @@ TOY = r"""\begin{table}[t]
 \label{tab:toy}
 \end{table}
 \begin{table}\caption{Formulas.}\label{tab:formulas}\begin{tabular}{cc} $a$ & $b$ \\ \end{tabular}\end{table}
-"""
+"""  # noqa: E501
 TOY_LINE = {"Base": 9, "RPG-X": 12}            # lines of the body rows in TOY (1-based)
 
 
@@ -62,8 +62,16 @@ def test_parser_reads_cells_marks_lines_and_headers(toy):
                                                                     ("B2", "Last"), ("B2", "Best")]
     assert [(r["method"], r["line"], r["block"], r["rowcolor"]) for r in t["rows"]] == [
         ("Base", 9, 0, None), ("RPG-X", 12, 1, "LightCyan!20!")]
-    got = {(c["method"], c["benchmark"], c["metric"]): (c["value"], c["text"], c["bold"], c["underline"], c["line"])
-           for c in toy["cells"]}
+    got = {
+        (c["method"], c["benchmark"], c["metric"]): (
+            c["value"],
+            c["text"],
+            c["bold"],
+            c["underline"],
+            c["line"],
+        )
+        for c in toy["cells"]
+    }
     assert got == {
         ("Base", "B1", "Last"): (0.1, "0.1000", False, False, 9),
         ("Base", "B1", "Best"): (0.2, "0.2000", False, True, 9),
@@ -96,7 +104,9 @@ def test_parser_refuses_malformed_tables():
                            r"{Base} & 0.1000 & \underline{0.2000} & 0.3000 & abc")
     with pytest.raises(pt.TexError, match=r"line 9: tab:toy: cell 'abc'"):
         pt.transcribe(bad_cell + SECTIONS)
-    short = TOY.replace(r"{Base} & 0.1000 & \underline{0.2000} & 0.3000 & 0.3000", r"{Base} & 0.1000 & 0.3000")
+    short = TOY.replace(
+        r"{Base} & 0.1000 & \underline{0.2000} & 0.3000 & 0.3000", r"{Base} & 0.1000 & 0.3000"
+    )
     with pytest.raises(pt.TexError, match=r"line 9: tab:toy: row has 3 cells, the header has 5"):
         pt.transcribe(short + SECTIONS)
     with pytest.raises(pt.TexError, match="without \\\\label"):
@@ -110,7 +120,10 @@ def test_predicates_best_below_last_marks_ranks(toy):
     second highest of its column but not underlined; ties share a rank."""
     assert pt.best_below_last(toy) == [{"table": "tab:toy", "method": "RPG-X", "benchmark": "B1",
                                         "last": "0.5000", "best": "0.4000", "line": 12}]
-    mism = [(m["method"], m["benchmark"], m["metric"], m["mark"], m["printed"], m["rank"]) for m in pt.mark_mismatches(toy)]
+    mism = [
+        (m["method"], m["benchmark"], m["metric"], m["mark"], m["printed"], m["rank"])
+        for m in pt.mark_mismatches(toy)
+    ]
     assert mism == [("Base", "B1", "Last", "underline", False, 2),
                     ("Base", "B2", "Last", "bold", False, 1),       # the only number of B2 Last
                     ("Base", "B2", "Best", "underline", False, 2)]
@@ -122,11 +135,31 @@ def test_predicates_best_below_last_marks_ranks(toy):
 
 def test_average_columns_checked_to_printed_rounding():
     """An 'Avg.' column is the mean of the other columns of its metric, rounded to its decimals."""
-    res = {"tables": [{"label": "t", "marks": {}}], "cells": [
-        {"table": "t", "method": m, "benchmark": b, "metric": "Last", "value": v, "text": f"{v:.2f}",
-         "decimals": 2, "line": i}
-        for i, (m, b, v) in enumerate([("a", "X", 0.10), ("a", "Y", 0.24), ("a", "Avg.", 0.17),
-                                       ("b", "X", 0.30), ("b", "Y", 0.50), ("b", "Avg.", 0.41)])]}
+    res = {
+        "tables": [{"label": "t", "marks": {}}],
+        "cells": [
+            {
+                "table": "t",
+                "method": m,
+                "benchmark": b,
+                "metric": "Last",
+                "value": v,
+                "text": f"{v:.2f}",
+                "decimals": 2,
+                "line": i,
+            }
+            for i, (m, b, v) in enumerate(
+                [
+                    ("a", "X", 0.10),
+                    ("a", "Y", 0.24),
+                    ("a", "Avg.", 0.17),
+                    ("b", "X", 0.30),
+                    ("b", "Y", 0.50),
+                    ("b", "Avg.", 0.41),
+                ]
+            )
+        ],
+    }
     got = [(a["method"], a["ok"], round(a["mean"], 10)) for a in pt.average_columns(res)]
     assert got == [("a", True, 0.17), ("b", False, 0.4)]
 
@@ -136,9 +169,12 @@ def test_committed_transcription_matches_the_paper():
     """Re-parsing rpg_paper.tex gives exactly the committed paper_figs/paper_results.json."""
     path = pt.paper_tex_path()
     if not path.is_file():
-        pytest.skip(f"rpg_paper.tex not found at {path}: set {pt.PAPER_ENV} to the paper's LaTeX source")
-    assert pt.dumps(pt.transcribe(pt.read_tex(path))) == pt.RESULTS_JSON.read_text(encoding="utf-8"), \
-        "paper_figs/paper_results.json is stale: run python -m paper_figs.paper_results"
+        pytest.skip(
+            f"rpg_paper.tex not found at {path}: set {pt.PAPER_ENV} to the paper's LaTeX source"
+        )
+    assert pt.dumps(pt.transcribe(pt.read_tex(path))) == pt.RESULTS_JSON.read_text(
+        encoding="utf-8"
+    ), "paper_figs/paper_results.json is stale: run python -m paper_figs.paper_results"
 
 
 def test_committed_transcription_spot_values():
@@ -186,8 +222,16 @@ def test_checks_fail_on_an_undocumented_violation(monkeypatch):
                          "table": "tab:main_table_4k_2", "text": "0.4000", "value": 0.4})
     assert _run_with(monkeypatch, tables.check_cross_table, res)["status"] == "FAIL"
     res = copy.deepcopy(base)
-    res["text_numbers"].append({"line": 805, "section": "sec:experiments", "kind": "percent", "text": "60\\%",
-                                "value": 60.0, "context": "x"})
+    res["text_numbers"].append(
+        {
+            "line": 805,
+            "section": "sec:experiments",
+            "kind": "percent",
+            "text": "60\\%",
+            "value": 60.0,
+            "context": "x",
+        }
+    )
     assert _run_with(monkeypatch, tables.check_text_claims, res)["status"] == "FAIL"
     res = copy.deepcopy(base)
     pt.cell(res, "tab:main_table_4k", "RPG-REINFORCE-URKL", "AIME24", "Best")["text"] = "0.4530"
@@ -196,11 +240,16 @@ def test_checks_fail_on_an_undocumented_violation(monkeypatch):
 
 def test_margin_claim_is_the_largest_family_margin():
     """The '+6 over DAPO' claim is evaluated as the largest RPG-REINFORCE - DAPO difference, same
-    table/benchmark/metric, over AIME24/25: 0.4125 - 0.3510 at 4k (tab:main_table_4k l.1625/1616)."""
+    table/benchmark/metric, over AIME24/25: 0.4125 - 0.3510 at 4k (tab:main_table_4k
+    l.1625/1616)."""
     claim = next(c for c in tables.CLAIMS if isinstance(c, tables.MarginClaim))
     top, c, b = claim.margins(pt.load())[0]
-    assert (c["table"], c["method"], c["benchmark"], c["metric"]) == ("tab:main_table_4k", "RPG-REINFORCE-URKL",
-                                                                      "AIME25", "Last")
+    assert (c["table"], c["method"], c["benchmark"], c["metric"]) == (
+        "tab:main_table_4k",
+        "RPG-REINFORCE-URKL",
+        "AIME25",
+        "Last",
+    )
     assert abs(top - 100 * (0.4125 - 0.3510)) < 1e-9 and b["method"] == "DAPO"
 
 

@@ -1,4 +1,5 @@
-"""The full-scale presets: valid trainer fields, and the paper's numbers (app:detailed_exp_setup_choices)."""
+"""The full-scale presets: valid trainer fields, and the paper's numbers
+(app:detailed_exp_setup_choices)."""
 import dataclasses
 
 import pytest
@@ -21,10 +22,22 @@ def test_presets_use_only_trainer_config_fields_and_registered_options(tmp_path)
 
 def test_qwen3_4b_h100_is_the_papers_recipe_on_one_gpu():
     p = PRESETS["qwen3-4b-h100"]
-    assert (p["lr"], p["weight_decay"], p["grad_clip"], p["steps"], p["warmup_steps"]) == (1e-6, 0.1, 1.0, 400, 10)
-    assert (p["prompts_per_step"], p["group_size"], p["temperature"], p["beta"]) == (512, 16, 1.0, 1e-4)
+    assert (p["lr"], p["weight_decay"], p["grad_clip"], p["steps"], p["warmup_steps"]) == (
+        1e-6,
+        0.1,
+        1.0,
+        400,
+        10,
+    )
+    assert (p["prompts_per_step"], p["group_size"], p["temperature"], p["beta"]) == (
+        512,
+        16,
+        1.0,
+        1e-4,
+    )
     assert p["clip"][:2] == [0.2, 0.28] and p["ref"] == "iterative"
-    # 512 x 16 responses per rollout batch / 512 per optimizer step = 16 optimizer steps, as on 8 GPUs
+    # 512 x 16 responses per rollout batch / 512 per optimizer step = 16 optimizer steps, as on 8
+    # GPUs
     assert p["prompts_per_step"] * p["group_size"] // p["mini_batch_size"] == 16
     assert p["mini_batch_size"] % p["micro_batch_size"] == 0
     assert [PRESETS[f"qwen3-4b-h100{s}"]["max_new_tokens"] for s in ("", "-4k", "-8k")] == \

@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("safetensors")
 
 from rpg_ref import cli, config
-from rpg_ref.math_data import data_dir
+from rpg_ref.math.data import data_dir
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress"]
 VOLATILE = ("time_", "_per_s", "peak_mem_mb")
@@ -94,7 +94,8 @@ def test_resume_refuses_out(tmp_path, capsys):
 
 @pytest.mark.parametrize("keep,expected", [(1, [5]), (2, [4, 5]), (0, [1, 2, 3, 4, 5])])
 def test_keep_checkpoints_keeps_the_latest_n(tmp_path, keep, expected):
-    """--keep-checkpoints N keeps the latest N checkpoint folders (0 = all); LATEST names the last."""
+    """--keep-checkpoints N keeps the latest N checkpoint folders (0 = all); LATEST names the
+    last."""
     out = tmp_path / "o"
     argv = [*BANDIT, "--steps", "5", "--save-every", "1", "--out", str(out)]
     assert cli.main([*argv, "--keep-checkpoints", str(keep)]) == 0
@@ -117,14 +118,18 @@ def _refused(capsys, argv, out: Path, needle: str) -> str:
     return err
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
+)
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_cuda_device_without_cuda_is_refused_before_anything_is_written(tmp_path, capsys, device):
     _refused(capsys, [*BANDIT, "--device", device], tmp_path / "o", "CUDA is not available here")
 
 
 def test_unknown_device_is_refused(tmp_path, capsys):
-    _refused(capsys, [*BANDIT, "--device", "gpu0"], tmp_path / "o", "is not cpu, cuda, cuda:N or auto")
+    _refused(
+        capsys, [*BANDIT, "--device", "gpu0"], tmp_path / "o", "is not cpu, cuda, cuda:N or auto"
+    )
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
@@ -135,27 +140,66 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     assert f.read_text() == "not a folder"
 
 
-MATH_NEEDED = [data_dir() / "models" / "qwen3-0.6b" / "config.json", data_dir() / "tokenizer" / "qwen3"]
+MATH_NEEDED = [
+    data_dir() / "models" / "qwen3-0.6b" / "config.json",
+    data_dir() / "tokenizer" / "qwen3",
+]
 needs_math_data = pytest.mark.skipif(
     not all(p.exists() for p in MATH_NEEDED),
-    reason=f"shared data absent ({data_dir()}): set RPG_DATA_DIR to the folder holding models/ and tokenizer/")
+    reason=f"shared data absent ({data_dir()}): set RPG_DATA_DIR to the folder holding models/ "
+           "and tokenizer/",
+)
 
 
 def _math(train_data: str, model: str | None = None) -> list:
-    return ["--task", "math", "--math-model", model or str(MATH_NEEDED[0]), "--math-train-data",
-            train_data, "--math-eval-n", "0", "--steps", "1", "--prompts-per-step", "2",
-            "--group-size", "2", "--mini-batch-size", "2", "--max-new-tokens", "4",
-            "--math-dtype", "float32", "--no-math-gradient-checkpointing", "--micro-batch-size", "0",
-            "--device", "cpu", "--no-progress", "--overlong-buffer", "0", "--no-dynamic-sampling"]
+    return [
+        "--task",
+        "math",
+        "--math-model",
+        model or str(MATH_NEEDED[0]),
+        "--math-train-data",
+        train_data,
+        "--math-eval-n",
+        "0",
+        "--steps",
+        "1",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--mini-batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--math-dtype",
+        "float32",
+        "--no-math-gradient-checkpointing",
+        "--micro-batch-size",
+        "0",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--overlong-buffer",
+        "0",
+        "--no-dynamic-sampling",
+    ]
 
 
 @needs_math_data
-@pytest.mark.parametrize("content,needle", [
-    (None, "does not exist"),
-    ('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": \n', "train.jsonl:2: invalid JSON"),
-    ('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?"}\n', "answer"),
-])
-def test_bad_math_train_data_is_refused_before_anything_is_written(tmp_path, capsys, content, needle):
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (None, "does not exist"),
+        (
+            '{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": \n',
+            "train.jsonl:2: invalid JSON",
+        ),
+        ('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?"}\n', "answer"),
+    ],
+)
+def test_bad_math_train_data_is_refused_before_anything_is_written(
+    tmp_path, capsys, content, needle
+):
     """A missing file, a broken JSONL line, a row without an answer: one line naming
     --math-train-data, exit 2, no output folder (so a corrected rerun into it is not refused)."""
     data = tmp_path / "train.jsonl"
@@ -185,7 +229,9 @@ def test_unreachable_hub_model_is_refused_quickly(tmp_path):
     assert "--math-model 'someorg/somemodel'" in err and "cannot be reached" in err, err
     assert len(err.splitlines()) == 1, err
     assert not out.exists()
-    assert elapsed < 60, f"took {elapsed:.0f} s: the hub was retried instead of detected unreachable"
+    assert elapsed < 60, (
+        f"took {elapsed:.0f} s: the hub was retried instead of detected unreachable"
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -271,7 +317,11 @@ def test_sigkill_at_twenty_random_moments_then_resume_is_bitwise_identical(tmp_p
         ref, out = tmp_path / f"ref{chains}", tmp_path / f"run{chains}"
         assert cli.main([*argv, "--out", str(ref)]) == 0
         for _ in range(200):  # a bound, never reached: each chain advances
-            cmd = ["--resume", str(out)] if (out / "config.json").exists() else [*argv, "--out", str(out)]
+            cmd = (
+                ["--resume", str(out)]
+                if (out / "config.json").exists()
+                else [*argv, "--out", str(out)]
+            )
             if kills >= 20:
                 p = _child(cmd, 0, log)  # no kill: finish the chain
             elif rng.random() < 0.2:  # the parent kills after a random delay
@@ -299,4 +349,6 @@ def test_sigkill_at_twenty_random_moments_then_resume_is_bitwise_identical(tmp_p
                 assert torch.equal(oa["state"][i][k], ob["state"][i][k]), f"optimizer {i}.{k}"
     where = log.read_text().split() if log.exists() else []
     assert kills >= 20
-    assert sum(w in CHECKPOINT_OPS for w in where) >= 5, f"too few kills inside checkpoint writes: {where}"
+    assert sum(w in CHECKPOINT_OPS for w in where) >= 5, (
+        f"too few kills inside checkpoint writes: {where}"
+    )

@@ -61,7 +61,9 @@ def test_importance_weights_by_hand(mode, level, cap, want, unit_w):
     assert stats["rc_weight_mean"] == pytest.approx(sum(unit_w) / n, rel=1e-12)
     assert stats["rc_capped_frac"] == pytest.approx(sum(x > cap for x in r) / n, rel=1e-12)
     assert stats["rc_log_ratio_max"] == pytest.approx(max(abs(math.log(x)) for x in r), rel=1e-12)
-    assert stats["rc_ess"] == pytest.approx(sum(unit_w) ** 2 / (n * sum(x * x for x in unit_w)), rel=1e-12)
+    assert stats["rc_ess"] == pytest.approx(
+        sum(unit_w) ** 2 / (n * sum(x * x for x in unit_w)), rel=1e-12
+    )
 
 
 def test_none_gives_no_weights_and_equal_distributions_give_ones():
@@ -70,7 +72,12 @@ def test_none_gives_no_weights_and_equal_distributions_give_ones():
     assert importance_weights(OLD, MU, MASK, mode="none", level="token", cap=2.0) == (None, {})
     w, stats = importance_weights(OLD, OLD, MASK, mode="mis", level="token", cap=1.0)
     assert torch.equal(w, MASK)
-    assert stats == {"rc_weight_mean": 1.0, "rc_capped_frac": 0.0, "rc_log_ratio_max": 0.0, "rc_ess": 1.0}
+    assert stats == {
+        "rc_weight_mean": 1.0,
+        "rc_capped_frac": 0.0,
+        "rc_log_ratio_max": 0.0,
+        "rc_ess": 1.0,
+    }
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -97,9 +104,18 @@ def test_non_finite_log_probs_are_refused():
 # the losses' sample_weight
 # ------------------------------------------------------------------------------------------
 
-CASES = [c for c in itertools.product(L.LOSSES, CLIPS, ["ref=old", "ref!=old"], L.LEVELS, L.AGGREGATIONS,
-                                      ["per-token", "per-response"])
-         if c[3] == "token" or (c[5] == "per-response" and not L.SPECS[c[0]].kl_in_reward)]
+CASES = [
+    c
+    for c in itertools.product(
+        L.LOSSES,
+        CLIPS,
+        ["ref=old", "ref!=old"],
+        L.LEVELS,
+        L.AGGREGATIONS,
+        ["per-token", "per-response"],
+    )
+    if c[3] == "token" or (c[5] == "per-response" and not L.SPECS[c[0]].kl_in_reward)
+]
 
 
 def _inputs(seed):
@@ -108,7 +124,9 @@ def _inputs(seed):
     logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 0.05
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).double()
-    old = logp - 1.2 * (2 * torch.rand(B, T, generator=g, dtype=torch.float64) - 1) / lengths[:, None]
+    old = (
+        logp - 1.2 * (2 * torch.rand(B, T, generator=g, dtype=torch.float64) - 1) / lengths[:, None]
+    )
     ref = logp - 0.8 * (2 * torch.rand(B, T, generator=g, dtype=torch.float64) - 1)
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     weight_tok = torch.rand(B, T, generator=g, dtype=torch.float64) * 3 * mask
@@ -130,8 +148,13 @@ def test_sample_weight_fused_equals_reference(name, clip, ref, level, agg, shape
     weight, and the weight changes the loss (it is not ignored)."""
     seed = zlib.crc32(f"{name}{clip}{ref}{level}{agg}".encode())
     logp, old, ref_logp, adv, mask, w_tok, w_seq = _inputs(seed)
-    kw = dict(ref_logp=None if ref == "ref=old" else ref_logp, clip=CLIPS[clip], level=level, agg=agg,
-              beta=L.loss_beta(name, L.default_beta(name, 0.3)))
+    kw = dict(
+        ref_logp=None if ref == "ref=old" else ref_logp,
+        clip=CLIPS[clip],
+        level=level,
+        agg=agg,
+        beta=L.loss_beta(name, L.default_beta(name, 0.3)),
+    )
     weight = w_tok if shape == "per-token" else w_seq
     want = _run(name, "reference", logp, old, adv, mask, sample_weight=weight, **kw)
     got = _run(name, "fused", logp, old, adv, mask, sample_weight=weight, **kw)
@@ -139,7 +162,9 @@ def test_sample_weight_fused_equals_reference(name, clip, ref, level, agg, shape
     for a, b in ((got[0], want[0]), (got[1], want[1])):
         assert (a - b).abs().max().item() <= TOL * (1 + b.abs().max().item())
     for k, v in plain[2].items():
-        assert torch.equal(got[2][k], v) and abs(want[2][k].item() - v.item()) <= TOL * (1 + abs(v.item()))
+        assert torch.equal(got[2][k], v) and abs(want[2][k].item() - v.item()) <= TOL * (
+            1 + abs(v.item())
+        )
     assert (got[1] - plain[1]).abs().max() > 1e-3
 
 
@@ -162,7 +187,13 @@ def test_sample_weight_multiplies_each_units_term(impl, level):
     rows, grads = [], []
     for i in range(len(adv)):
         xi = logp[i:i + 1].clone().requires_grad_(True)
-        li, _ = fn(xi, old[i:i + 1], adv[i:i + 1], mask[i:i + 1], **{**kw, "ref_logp": ref[i:i + 1]})
+        li, _ = fn(
+            xi,
+            old[i : i + 1],
+            adv[i : i + 1],
+            mask[i : i + 1],
+            **{**kw, "ref_logp": ref[i : i + 1]},
+        )
         rows.append(w_seq[i] * li.detach())
         grads.append(w_seq[i] * torch.autograd.grad(li, xi)[0][0])
     assert abs(loss.item() - float(sum(rows)) / len(adv)) <= 1e-12
@@ -184,27 +215,55 @@ def test_bad_sample_weight_is_refused(weight, level, msg):
     logp, old, _, adv, mask, _, _ = _inputs(0)
     for impl in L.IMPLS:
         with pytest.raises(ValueError, match=msg):
-            L.get_loss("rpg-urkl")(logp, old, adv, mask, sample_weight=weight, level=level, impl=impl)
+            L.get_loss("rpg-urkl")(
+                logp, old, adv, mask, sample_weight=weight, level=level, impl=impl
+            )
 
 
 # ------------------------------------------------------------------------------------------
 # configuration and the trainer
 # ------------------------------------------------------------------------------------------
 
-SMALL_SEQ = ["--task", "seq", "--prompts-per-step", "4", "--group-size", "4", "--mini-batch-size", "8",
-             "--seq-eval-size", "16", "--steps", "2"]
+SMALL_SEQ = [
+    "--task",
+    "seq",
+    "--prompts-per-step",
+    "4",
+    "--group-size",
+    "4",
+    "--mini-batch-size",
+    "8",
+    "--seq-eval-size",
+    "16",
+    "--steps",
+    "2",
+]
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--rollout-correction", "is"], "rollout correction must be one of"),
-    (["--rollout-correction", "tis", "--rollout-correction-cap", "0.5"], "cap must be a number >= 1"),
-    (["--rollout-correction-cap", "3"], "--rollout-correction-cap given without --rollout-correction"),
-    (["--rollout-correction-level", "sequence"], "given without --rollout-correction tis|mis"),
-    (["--rollout-correction", "tis", "--level", "sequence"], "use --rollout-correction-level sequence"),
-    (["--rollout-correction", "mis", "--top-p", "0.9"], "cannot restore them; use --top-p 1"),
-    (["--rollout-correction", "tis", "--no-hf-sampler-logprobs"],
-     "engine 'hf' does not report here .--no-hf-sampler-logprobs turns them off"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--rollout-correction", "is"], "rollout correction must be one of"),
+        (
+            ["--rollout-correction", "tis", "--rollout-correction-cap", "0.5"],
+            "cap must be a number >= 1",
+        ),
+        (
+            ["--rollout-correction-cap", "3"],
+            "--rollout-correction-cap given without --rollout-correction",
+        ),
+        (["--rollout-correction-level", "sequence"], "given without --rollout-correction tis|mis"),
+        (
+            ["--rollout-correction", "tis", "--level", "sequence"],
+            "use --rollout-correction-level sequence",
+        ),
+        (["--rollout-correction", "mis", "--top-p", "0.9"], "cannot restore them; use --top-p 1"),
+        (
+            ["--rollout-correction", "tis", "--no-hf-sampler-logprobs"],
+            "engine 'hf' does not report here .--no-hf-sampler-logprobs turns them off",
+        ),
+    ],
+)
 def test_bad_rollout_correction_is_refused_before_any_work(tmp_path, capsys, argv, msg):
     """A bad rollout-correction setting is one line on stderr, exit code 2, nothing written."""
     out = tmp_path / "o"
@@ -220,7 +279,9 @@ def test_engine_without_sampler_logprobs_is_refused(tmp_path, monkeypatch):
     from rpg_ref.registry import ENGINES
 
     monkeypatch.setitem(ENGINES, "silent", type("Silent", (), {}))
-    with pytest.raises(ValueError, match="engine 'silent' does not report here .it does not declare"):
+    with pytest.raises(
+        ValueError, match=r"engine 'silent' does not report here .it does not declare"
+    ):
         cli.parse_config(["--task", "bandit", "--engine", "silent", "--rollout-correction", "tis",
                           "--out", str(tmp_path / "o")])
 
@@ -236,29 +297,39 @@ def test_trainer_logs_sane_statistics_with_the_hf_engine(tmp_path, level):
     base = SMALL_SEQ + ["--rollout-correction", "tis", "--rollout-correction-level", level,
                         "--no-progress", "--cache-dir", str(tmp_path / "cache")]
     train.train(cli.parse_config(base + ["--out", str(tmp_path / "fp32")]))
-    rows = [json.loads(x) for x in Path(tmp_path / "fp32" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in Path(tmp_path / "fp32" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 2
     for r in rows:
         assert abs(r["rc_weight_mean"] - 1) < 1e-4 and r["rc_capped_frac"] == 0.0
         assert r["rc_log_ratio_max"] < 1e-4 and abs(r["rc_ess"] - 1) < 1e-6
         if level == "token":
             assert r["rc_log_ratio_max"] == pytest.approx(r["logprob_diff_max"], rel=1e-5)
-    train.train(cli.parse_config(base + ["--out", str(tmp_path / "bf16"), "--hf-gen-dtype", "bfloat16"]))
-    rows = [json.loads(x) for x in Path(tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    train.train(
+        cli.parse_config(base + ["--out", str(tmp_path / "bf16"), "--hf-gen-dtype", "bfloat16"])
+    )
+    rows = [
+        json.loads(x) for x in Path(tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert max(r["rc_log_ratio_max"] for r in rows) > 1e-3
     assert all(0 < r["rc_ess"] < 1 and math.isfinite(r["loss"]) for r in rows)
 
 
 class TemperedEngine(SampleEngine):
-    """The bandit's sampler at 4x the trainer's temperature (mu != pi_old), reporting mu's log-probs."""
+    """The bandit's sampler at 4x the trainer's temperature (mu != pi_old), reporting mu's
+    log-probs."""
 
     def generate(self, prompts, n, temperature, top_p, max_new_tokens):
         return super().generate(prompts, n, 4 * temperature, top_p, max_new_tokens)
 
 
-def test_bandit_with_a_tempered_sampler_reaches_the_optimum_only_when_corrected(tmp_path, monkeypatch):
-    """The bandit preset with --ref init, sampled at 4x the trainer's temperature (max |log r| ~2.7):
-    uncorrected, the policy settles away from the optimum of E[R] - beta URKL(pi, pi_ref); with
+def test_bandit_with_a_tempered_sampler_reaches_the_optimum_only_when_corrected(
+    tmp_path, monkeypatch
+):
+    """The bandit preset with --ref init, sampled at 4x the trainer's temperature (max |log r|
+    ~2.7): uncorrected, the policy settles away from the optimum of E[R] - beta URKL(pi, pi_ref);
+    with
     --rollout-correction tis and no cap it reaches it: TV < 0.01 and less than a tenth of the
     uncorrected TV. Measured TV uncorrected / corrected, seeds 0, 1, 2: 0.069 / 0.0013,
     0.040 / 0.00066, 0.014 / 0.00067 (test_train's bandit tests with an exact sampler ask 0.02).
@@ -268,8 +339,19 @@ def test_bandit_with_a_tempered_sampler_reaches_the_optimum_only_when_corrected(
     monkeypatch.setitem(ENGINES, "tempered", TemperedEngine)
     base = ["--preset", "bandit", "--ref", "init", "--engine", "tempered", "--no-progress"]
     plain = train.train(cli.parse_config(base + ["--out", str(tmp_path / "none")]))
-    fixed = train.train(cli.parse_config(base + ["--out", str(tmp_path / "tis"), "--rollout-correction",
-                                                 "tis", "--rollout-correction-cap", "inf"]))
+    fixed = train.train(
+        cli.parse_config(
+            base
+            + [
+                "--out",
+                str(tmp_path / "tis"),
+                "--rollout-correction",
+                "tis",
+                "--rollout-correction-cap",
+                "inf",
+            ]
+        )
+    )
     tv_plain, tv_fixed = plain["tv_distance"], fixed["tv_distance"]
     assert tv_fixed < min(0.01, tv_plain / 10), (tv_plain, tv_fixed)
     last = json.loads((tmp_path / "tis" / "metrics.jsonl").read_text().splitlines()[-1])

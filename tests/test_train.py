@@ -321,14 +321,6 @@ def test_sampling_options_and_overlong_penalty_run(tmp_path, cache_dir):
 # ------------------------------------------------------------------------------------------
 
 
-def test_overlong_penalty_values():
-    """DAPO soft overlong punishment, max_len 10, buffer 4, size 1: lengths 6 -> 0, 8 -> -0.5,
-    9 -> -0.75, 10 -> -1 (hand-computed: -(len - 6) / 4 clipped to [-1, 0])."""
-    pen = train.overlong_penalty(torch.tensor([3, 6, 8, 9, 10]), 10, 4, 1.0)
-    assert pen.tolist() == [0.0, 0.0, -0.5, -0.75, -1.0]
-    assert train.overlong_penalty(torch.tensor([10]), 10, 0, 1.0).tolist() == [0.0]
-
-
 class _FakeTask:
     """Prompt k: if k is even all G responses get reward 1 (uninformative), else rewards 0,1,0,1."""
 

@@ -50,8 +50,14 @@ def _batch(vocab: int, seed: int = 0, lengths=LENGTHS):
 def _rpg_ref_logp(model, prompt, completion, mask):
     ids = torch.cat([prompt, completion], 1)
     attn = torch.cat([torch.ones_like(prompt), mask], 1)
-    b = Batch(input_ids=ids, attention_mask=attn, position_ids=torch.arange(P + T).expand(B, -1),
-              mask=mask.to(torch.float64), rewards=torch.zeros(B), correct=torch.zeros(B, dtype=torch.bool))
+    b = Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=torch.arange(P + T).expand(B, -1),
+        mask=mask.to(torch.float64),
+        rewards=torch.zeros(B),
+        correct=torch.zeros(B, dtype=torch.bool),
+    )
     return token_logprobs(model, b, TEMPERATURE)                                # [B, T]
 
 
@@ -124,7 +130,8 @@ def test_cases_cover_every_supported_loss():
 def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
     """RPGTrainer.compute_loss on one batch (TRL's inputs dict) gives rpg_ref's loss
     (rpg_ref.logprobs.token_logprobs + LOSSES[name] with the mapped options, aggregation `agg`,
-    times the constant of TRL's loss_type) and the same gradient for every parameter, float64, 1e-12."""
+    times the constant of TRL's loss_type) and the same gradient for every parameter, float64,
+    1e-12."""
     torch.manual_seed(0)
     trainer = _trainer(tmp_path, Float64LogProbs, rpg_loss=name, **opts)
     model, a = trainer.model, trainer.args
@@ -134,9 +141,15 @@ def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
     with torch.no_grad():
         logp = _rpg_ref_logp(model, prompt, completion, mask)
     old, ref = logp + noise[0] * mask, logp + noise[1] * mask
-    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
-              "completion_mask": mask, "advantages": adv, "old_per_token_logps": old,
-              "num_items_in_batch": mask.sum()}
+    inputs = {
+        "prompt_ids": prompt,
+        "prompt_mask": torch.ones_like(prompt),
+        "completion_ids": completion,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
     if a.rpg_reference == "model":
         inputs["ref_per_token_logps"] = ref
     model.zero_grad()
@@ -146,9 +159,17 @@ def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
 
     model.zero_grad()
     clip = None if not a.rpg_clip else (a.epsilon, a.epsilon_high, a.rpg_dual_clip_c)
-    loss_ref, _ = LOSSES[name](_rpg_ref_logp(model, prompt, completion, mask), old, adv, mask,
-                               beta=a.rpg_beta, clip=clip, level=a.importance_sampling_level, agg=agg,
-                               ref_logp=ref if a.rpg_reference == "model" else None)
+    loss_ref, _ = LOSSES[name](
+        _rpg_ref_logp(model, prompt, completion, mask),
+        old,
+        adv,
+        mask,
+        beta=a.rpg_beta,
+        clip=clip,
+        level=a.importance_sampling_level,
+        agg=agg,
+        ref_logp=ref if a.rpg_reference == "model" else None,
+    )
     (loss_ref * factor).backward()
     assert loss_trl.dtype == torch.float64
     assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12 * max(1.0, abs(loss_ref.item()))
@@ -222,7 +243,7 @@ BAD = [  # (RPGConfig options, what the one-line error says)
 def test_rpg_config_refuses_contradicting_trl_settings(tmp_path, opts, message):
     """A TRL setting that contradicts the rpg loss is refused when RPGConfig is built (before a
     model is loaded), with one line naming the setting and the fix."""
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
         RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **opts)
     assert message in str(err.value) and "\n" not in str(err.value)
 
@@ -237,7 +258,12 @@ def test_rpg_config_defaults_are_the_papers(tmp_path):
     def cfg(**kw):
         return RPGConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
     a = cfg()
-    assert (a.rpg_loss, a.rpg_beta, a.beta, a.rpg_reference) == ("rpg-reinforce-urkl", 1e-4, 0.0, "old")
+    assert (a.rpg_loss, a.rpg_beta, a.beta, a.rpg_reference) == (
+        "rpg-reinforce-urkl",
+        1e-4,
+        0.0,
+        "old",
+    )
     assert rpg_clip(a) == (0.2, 0.28, 10.0) and a.scale_rewards == "none" and a.loss_type == "dapo"
     g = cfg(rpg_loss="grpo")
     assert rpg_clip(g) == (0.2, 0.2, None) and g.scale_rewards == "group"
@@ -265,9 +291,17 @@ def test_dapo_normalization_is_the_global_token_mean():
     total = torch.zeros_like(logp)
     for rows in torch.arange(n).view(2, 2, -1).reshape(4, -1):     # (process, micro-batch) slices
         loss, _ = fn(logp[rows], old[rows], adv[rows], mask[rows], **opts)
-        scale = trl_scale("dapo", n_tokens=float(mask[rows].sum()), rows_kept=len(rows), rows=len(rows),
-                          num_items_in_batch=mask.sum(), num_processes=2, accumulation=2,
-                          steps_per_generation=2, max_completion_length=t)
+        scale = trl_scale(
+            "dapo",
+            n_tokens=float(mask[rows].sum()),
+            rows_kept=len(rows),
+            rows=len(rows),
+            num_items_in_batch=mask.sum(),
+            num_processes=2,
+            accumulation=2,
+            steps_per_generation=2,
+            max_completion_length=t,
+        )
         total += torch.autograd.grad(loss * scale, logp)[0] / 2      # DDP: mean over processes
     assert float(ref_grad.abs().max()) > 0
     assert torch.allclose(total, ref_grad, rtol=0, atol=1e-12)
@@ -285,16 +319,29 @@ def test_trl_empty_rows_count_as_in_trl(tmp_path, loss_type):
     prompt, completion, mask, adv, noise = _batch(model.config.vocab_size, lengths=[6, 0, 2, 5])
     with torch.no_grad():
         old = _rpg_ref_logp(model, prompt, completion, mask) + noise[0] * mask
-    inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
-              "completion_mask": mask, "advantages": adv, "old_per_token_logps": old,
-              "num_items_in_batch": mask.sum()}
+    inputs = {
+        "prompt_ids": prompt,
+        "prompt_mask": torch.ones_like(prompt),
+        "completion_ids": completion,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
     loss_trl = trainer.compute_loss(model, inputs)
     keep = torch.tensor([0, 2, 3])
     agg = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum"}
     factor = {"dapo": 1.0, "grpo": 3 / 4, "dr_grpo": 3 / 4 / T}[loss_type]
     logp = _rpg_ref_logp(model, prompt, completion, mask)
-    loss_ref, _ = LOSSES["rpg-reinforce-rkl"](logp[keep], old[keep], adv[keep], mask[keep], beta=1e-4,
-                                              clip=(0.2, 0.28, 10.0), agg=agg[loss_type])
+    loss_ref, _ = LOSSES["rpg-reinforce-rkl"](
+        logp[keep],
+        old[keep],
+        adv[keep],
+        mask[keep],
+        beta=1e-4,
+        clip=(0.2, 0.28, 10.0),
+        agg=agg[loss_type],
+    )
     assert abs(loss_trl.item() - loss_ref.item() * factor) <= 1e-12
     assert abs(loss_ref.item()) > 1e-3
 

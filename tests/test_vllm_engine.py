@@ -13,7 +13,9 @@ from rpg_ref.engines import vllm as ve
 def test_module_imports_without_vllm():
     assert "vllm" not in sys.modules or sys.modules["vllm"] is not None
     importlib.reload(ve)  # importing must never need vllm
-    assert {f.name: f.default for f in dataclasses.fields(ve.VLLMEngine.Options)}["sleep_level"] == 1
+    assert {f.name: f.default for f in dataclasses.fields(ve.VLLMEngine.Options)}[
+        "sleep_level"
+    ] == 1
 
 
 def test_version_range():
@@ -27,9 +29,16 @@ def test_version_range():
 # --------------------------------------------------------------------------- weight names
 def _tiny_qwen3():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                                   tie_word_embeddings=True)
+    cfg = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(cfg)
 
@@ -40,13 +49,19 @@ def test_weight_names_are_hf_names_without_wrappers_and_tied_head():
     model = _tiny_qwen3()
     hf = dict(model.named_parameters())
     assert "lm_head.weight" not in hf  # tied: named_parameters already dedups it ...
-    with_head = list(hf.items()) + [("lm_head.weight", model.lm_head.weight)]  # ... some wrappers do not
+    # ... some wrappers do not
+    with_head = list(hf.items()) + [("lm_head.weight", model.lm_head.weight)]
     out = dict(ve.hf_to_vllm_weights(with_head, tie_word_embeddings=True, dtype=torch.bfloat16))
     assert set(out) == set(hf)
-    assert "model.layers.1.self_attn.q_proj.weight" in out and "model.layers.0.mlp.gate_proj.weight" in out
+    assert (
+        "model.layers.1.self_attn.q_proj.weight" in out
+        and "model.layers.0.mlp.gate_proj.weight" in out
+    )
     assert all(t.dtype == torch.bfloat16 and not t.requires_grad for t in out.values())
-    wrapped = [(f"module._orig_mod.{n.replace('layers.0.', 'layers.0._checkpoint_wrapped_module.')}", t)
-               for n, t in hf.items()]
+    wrapped = [
+        (f"module._orig_mod.{n.replace('layers.0.', 'layers.0._checkpoint_wrapped_module.')}", t)
+        for n, t in hf.items()
+    ]
     assert set(dict(ve.hf_to_vllm_weights(wrapped, True))) == set(hf)
     untied = dict(ve.hf_to_vllm_weights(with_head, tie_word_embeddings=False))
     assert "lm_head.weight" in untied
@@ -64,9 +79,18 @@ def test_buckets_respect_the_byte_limit_and_keep_order():
 
 def test_fused_parameter_names_and_checksums():
     """q/k/v land in vLLM's qkv_proj and gate/up in gate_up_proj: their checksums add up."""
-    assert ve.vllm_param_name("model.layers.3.self_attn.k_proj.weight") == "model.layers.3.self_attn.qkv_proj.weight"
-    assert ve.vllm_param_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.gate_up_proj.weight"
-    assert ve.vllm_param_name("model.layers.0.mlp.down_proj.weight") == "model.layers.0.mlp.down_proj.weight"
+    assert (
+        ve.vllm_param_name("model.layers.3.self_attn.k_proj.weight")
+        == "model.layers.3.self_attn.qkv_proj.weight"
+    )
+    assert (
+        ve.vllm_param_name("model.layers.0.mlp.up_proj.weight")
+        == "model.layers.0.mlp.gate_up_proj.weight"
+    )
+    assert (
+        ve.vllm_param_name("model.layers.0.mlp.down_proj.weight")
+        == "model.layers.0.mlp.down_proj.weight"
+    )
     got = ve.fused_checksums({"a.q_proj.weight": (1.0, 2.0), "a.v_proj.weight": (0.5, 0.25),
                               "a.o_proj.weight": (3.0, 9.0)})
     assert got == {"a.qkv_proj.weight": (1.5, 2.25), "a.o_proj.weight": (3.0, 9.0)}
@@ -86,16 +110,28 @@ def _lp(x):
 
 
 def _completion(index, ids, lps, extra=None):
-    entries = [{t: _lp(l)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, l in zip(ids, lps)]
+    entries = [
+        {t: _lp(lp)} | ({} if extra is None else {extra: _lp(-9.0)}) for t, lp in zip(ids, lps)
+    ]
     return NS(index=index, token_ids=ids, logprobs=entries)
 
 
 def test_sampled_logprobs_and_grouping_from_fake_outputs():
     eos = 2
-    ro0 = NS(outputs=[_completion(1, [5, 6], [-0.5, -0.25], extra=9), _completion(0, [7, eos, 8], [-1.0, -2.0, -3.0])])
+    ro0 = NS(
+        outputs=[
+            _completion(1, [5, 6], [-0.5, -0.25], extra=9),
+            _completion(0, [7, eos, 8], [-1.0, -2.0, -3.0]),
+        ]
+    )
     ro1 = NS(outputs=[_completion(0, [4], [-0.125]), _completion(1, [eos], [-4.0])])
     pairs = ve.outputs_to_pairs([ro0, ro1], n=2, eos_id=eos)
-    assert pairs == [([7, eos], [-1.0, -2.0]), ([5, 6], [-0.5, -0.25]), ([4], [-0.125]), ([eos], [-4.0])]
+    assert pairs == [
+        ([7, eos], [-1.0, -2.0]),
+        ([5, 6], [-0.5, -0.25]),
+        ([4], [-0.125]),
+        ([eos], [-4.0]),
+    ]
     with pytest.raises(ValueError, match="expected 3 completions"):
         ve.outputs_to_pairs([ro0], n=3, eos_id=eos)
     with pytest.raises(ValueError, match="no log-prob reported for the sampled token 6"):
@@ -109,7 +145,7 @@ def test_sampled_logprobs_and_grouping_from_fake_outputs():
 def test_prompt_logprobs_skip_the_first_position():
     ro = NS(prompt_logprobs=[None, {11: _lp(-1.5)}, {12: _lp(-0.5)}])
     assert ve.prompt_logprobs_of(ro, [10, 11, 12]) == [-1.5, -0.5]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected 2 prompt log-prob entries"):
         ve.prompt_logprobs_of(ro, [10, 11])
 
 

@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from rpg_ref import cli
 from rpg_ref.engines.vllm import VLLMEngine, WeightSyncError
-from rpg_ref.math_data import data_dir, tiny_qwen3_config
+from rpg_ref.math.data import data_dir
+from rpg_ref.math.tiny_model import tiny_qwen3_config
 
 TOKENIZER = data_dir() / "tokenizer" / "qwen3"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -72,7 +73,8 @@ def tied():
 def untied_small():
     model = _model(tie=False, vocab=32)
     with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)  # a peaked next-token distribution: a chi-square test has power
+        # a peaked next-token distribution: a chi-square test has power
+        model.lm_head.weight.mul_(40.0)
     engine = VLLMEngine(model, _Task(), _Cfg())
     yield model, engine
     engine.close()
@@ -97,7 +99,9 @@ def test_sampler_logprobs_equal_the_policys_at_a_realistic_batch(tied):
     assert again.responses == gen.responses  # a call's draws depend on the call's arguments only
 
 
-def _chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+def _chi_square_pvalue(
+    counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0
+) -> float:
     """Pearson's chi-square test of counts against probs (float64); bins expected below
     min_expected are merged into one. Returns the p-value (chi-square survival function)."""
     n = counts.sum()
@@ -168,7 +172,8 @@ def test_after_an_update_the_engine_samples_the_new_weights(which, request):
     engine.bucket_bytes = 1
     vocab = model.config.vocab_size
     prompts = [[3, 7, 11, 2, 5], [9, 4, 6]]
-    engine.generate(prompts, 8, 1.0, 1.0, 12)  # vLLM caches these prompts' KV: stale after the update
+    # vLLM caches these prompts' KV: stale after the update
+    engine.generate(prompts, 8, 1.0, 1.0, 12)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for p in model.parameters():
@@ -198,7 +203,9 @@ def test_a_skipped_or_partial_sync_is_caught(tied):
         engine.sync_weights(model, _drop=names)
     with pytest.raises(RuntimeError, match="failed verification"):
         engine.generate([[1, 2]], 1, 1.0, 1.0, 2)
-    with pytest.raises(WeightSyncError, match="missing: \\['model.layers.0.self_attn.v_proj.weight'\\]"):
+    with pytest.raises(
+        WeightSyncError, match=r"missing: \['model.layers.0.self_attn.v_proj.weight'\]"
+    ):
         engine.sync_weights(model, _drop=["model.layers.0.self_attn.v_proj.weight"])
     # silently wrong: the files hold another policy's weights (same names and shapes)
     from safetensors.torch import load_file, save_file
@@ -230,16 +237,24 @@ def _mempolicy() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     mode = ctypes.c_int(-1)
     nr = {"x86_64": 239, "aarch64": 236}[os.uname().machine]
-    assert libc.syscall(nr, ctypes.byref(mode), None, ctypes.c_ulong(0), None, ctypes.c_ulong(0)) == 0
+    assert (
+        libc.syscall(nr, ctypes.byref(mode), None, ctypes.c_ulong(0), None, ctypes.c_ulong(0)) == 0
+    )
     return mode.value
 
 
 def _process_state() -> dict:
-    return {"torch_rng": torch.random.get_rng_state().clone(), "numpy_rng": np.random.get_state()[1].copy(),
-            "python_rng": random.getstate(), "threads": torch.get_num_threads(),
-            "interop": torch.get_num_interop_threads(), "set_num_threads": torch.set_num_threads,
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "affinity": os.sched_getaffinity(0), "mempolicy": _mempolicy()}
+    return {
+        "torch_rng": torch.random.get_rng_state().clone(),
+        "numpy_rng": np.random.get_state()[1].copy(),
+        "python_rng": random.getstate(),
+        "threads": torch.get_num_threads(),
+        "interop": torch.get_num_interop_threads(),
+        "set_num_threads": torch.set_num_threads,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "affinity": os.sched_getaffinity(0),
+        "mempolicy": _mempolicy(),
+    }
 
 
 def test_building_and_using_an_engine_leaves_the_trainers_process_unchanged():
@@ -288,14 +303,59 @@ def eos_model_dir(tmp_path_factory) -> str:
 
 
 def _math_argv(model: str, out, *extra) -> list:
-    return ["--task", "math", "--engine", "vllm", "--math-model", model, "--math-tokenizer", str(TOKENIZER),
-            "--math-train-data", "amc23", "--math-eval-data", "aime24", "--math-eval-limit", "2",
-            "--math-eval-n", "2", "--math-eval-k", "1", "2", "--math-checker", "normalizer",
-            "--prompts-per-step", "2", "--group-size", "4", "--mini-batch-size", "8",
-            "--max-new-tokens", "12", "--overlong-buffer", "10", "--no-dynamic-sampling",
-            "--lr", "1e-3", "--device", "cpu", "--out", str(out), "--no-progress",
-            "--math-dtype", "float32", "--no-math-gradient-checkpointing", "--micro-batch-size", "0",
-            "--threads", "1", "--eval-every", "0", "--keep-checkpoints", "0", *extra]
+    return [
+        "--task",
+        "math",
+        "--engine",
+        "vllm",
+        "--math-model",
+        model,
+        "--math-tokenizer",
+        str(TOKENIZER),
+        "--math-train-data",
+        "amc23",
+        "--math-eval-data",
+        "aime24",
+        "--math-eval-limit",
+        "2",
+        "--math-eval-n",
+        "2",
+        "--math-eval-k",
+        "1",
+        "2",
+        "--math-checker",
+        "normalizer",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "4",
+        "--mini-batch-size",
+        "8",
+        "--max-new-tokens",
+        "12",
+        "--overlong-buffer",
+        "10",
+        "--no-dynamic-sampling",
+        "--lr",
+        "1e-3",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--math-dtype",
+        "float32",
+        "--no-math-gradient-checkpointing",
+        "--micro-batch-size",
+        "0",
+        "--threads",
+        "1",
+        "--eval-every",
+        "0",
+        "--keep-checkpoints",
+        "0",
+        *extra,
+    ]
 
 
 def _rows(out) -> list:
@@ -312,7 +372,8 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     4 steps in which the weights change (rewards differ within groups, so the loss is not zero),
     vLLM's sampler log-probs equal the trainer's within 1e-5 at every step (float32: each sync
     took effect); a run stopped after 2 steps and resumed to 4 ends with the same weights and
-    metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm` evaluates the export."""
+    metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm` evaluates the
+    export."""
     from rpg_ref import evaluation
 
     full, part = tmp_path / "full", tmp_path / "part"
@@ -340,9 +401,34 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
 
     capsys.readouterr()
     res = tmp_path / "eval.json"
-    assert evaluation.main(["--model", str(full / "hf"), "--tokenizer", str(TOKENIZER), "--engine", "vllm",
-                            "--data", "amc23", "--limit", "2", "--n", "2", "--k", "1", "2",
-                            "--max-new-tokens", "8", "--backend", "normalizer", "--out", str(res)]) == 0
+    assert (
+        evaluation.main(
+            [
+                "--model",
+                str(full / "hf"),
+                "--tokenizer",
+                str(TOKENIZER),
+                "--engine",
+                "vllm",
+                "--data",
+                "amc23",
+                "--limit",
+                "2",
+                "--n",
+                "2",
+                "--k",
+                "1",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--backend",
+                "normalizer",
+                "--out",
+                str(res),
+            ]
+        )
+        == 0
+    )
     assert "amc23" in capsys.readouterr().out
     r = json.loads(res.read_text())["results"]["amc23"]
     assert r["problems"] == 2 and r["n"] == 2 and r["check_stats"]["checked"] == 4
@@ -353,8 +439,24 @@ SEQ_STEPS = 40
 
 def _seq_run(tmp_path, engine: str) -> list:
     out = tmp_path / engine
-    assert cli.main(["--engine", engine, "--steps", str(SEQ_STEPS), "--eval-every", "20", "--out", str(out),
-                     "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "--engine",
+                engine,
+                "--steps",
+                str(SEQ_STEPS),
+                "--eval-every",
+                "20",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return _rows(out)
 
 
@@ -372,11 +474,17 @@ def test_seq_task_learns_with_vllm_as_with_hf(tmp_path):
     for engine, r in runs.items():
         first = np.mean([x["reward"] for x in r[:5]])
         last = np.mean([x["reward"] for x in r[-10:]])
-        print(f"{engine}: reward first-5 {first:.3f} last-10 {last:.3f} "
-              f"greedy@20 {r[19]['eval_greedy_accuracy']:.3f} greedy@40 {r[-1]['eval_greedy_accuracy']:.3f}",
-              file=sys.stderr)
+        print(
+            f"{engine}: reward first-5 {first:.3f} last-10 {last:.3f} "
+            f"greedy@20 {r[19]['eval_greedy_accuracy']:.3f} greedy@40 "
+            f"{r[-1]['eval_greedy_accuracy']:.3f}",
+            file=sys.stderr,
+        )
         assert last > first + 0.1, (engine, first, last)
     worst = max(x["logprob_diff_max"] for x in runs["vllm"])
     assert worst <= 1e-4, worst
-    assert abs(runs["vllm"][-1]["eval_greedy_accuracy"] - runs["hf"][-1]["eval_greedy_accuracy"]) <= 0.1
+    assert (
+        abs(runs["vllm"][-1]["eval_greedy_accuracy"] - runs["hf"][-1]["eval_greedy_accuracy"])
+        <= 0.1
+    )
     assert math.isfinite(runs["vllm"][-1]["loss"])

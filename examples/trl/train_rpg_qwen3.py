@@ -32,7 +32,7 @@ from rpg_ref.integrations.trl import RPGConfig, RPGTrainer
 class ScriptArgs:
     model: str = field(default="Qwen/Qwen3-4B", metadata={"help": "HF model id or folder"})
     data: str | None = field(default=None, metadata={
-        "help": "training problems: a jsonl with 'problem' and 'answer' (rpg_ref.math_data)"})
+        "help": "training problems: a jsonl with 'problem' and 'answer' (rpg_ref.math.data)"})
     overlong_buffer: int = field(default=512, metadata={
         "help": "DAPO's soft overlong punishment over the last N tokens (0: none)"})
     tiny: bool = field(default=False, metadata={"help": "random tiny Qwen3 on a toy task (CPU)"})
@@ -72,9 +72,9 @@ def toy_reward(completions, answer, **_):
 
 
 def math_data(path: str) -> Dataset:
-    """The paper's prompt (rpg_ref.math_reward.user_message) as a chat message."""
-    from rpg_ref.math_data import load_problems
-    from rpg_ref.math_reward import user_message
+    """The paper's prompt (rpg_ref.math.reward.user_message) as a chat message."""
+    from rpg_ref.math.data import load_problems
+    from rpg_ref.math.reward import user_message
     problems = load_problems(path)
     return Dataset.from_dict({
         "prompt": [[{"role": "user", "content": user_message(p.problem)}] for p in problems],
@@ -83,7 +83,7 @@ def math_data(path: str) -> Dataset:
 
 def math_reward(completions, answer, **_):
     """+1 for a correct final "Answer:", -1 otherwise (the paper's scoring)."""
-    from rpg_ref.math_reward import answers_match, extract_answer
+    from rpg_ref.math.reward import answers_match, extract_answer
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [1.0 if answers_match(extract_answer(t), a) else -1.0 for t, a in zip(texts, answer)]
 
@@ -103,7 +103,10 @@ def main(argv=None):
         model, data, reward = script.model, math_data(script.data), [math_reward]
         if script.overlong_buffer:  # the paper's R_length, as TRL implements DAPO's
             from trl.rewards import get_soft_overlong_punishment
-            reward.append(get_soft_overlong_punishment(args.max_completion_length, script.overlong_buffer))
+
+            reward.append(
+                get_soft_overlong_punishment(args.max_completion_length, script.overlong_buffer)
+            )
     try:
         trainer = RPGTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                              processing_class=tokenizer)

@@ -5,6 +5,7 @@
 adapter.py  the contract: Adapter(name, loss(logp, old_logp, ref_logp, advantages, mask), beta, ...)
 core.py     exact expected gradients, candidate objectives, the precision of a loss, verdicts
 fit.py      combination verdicts (same coefficients on many draws)
+run.py      audit(): every adapter x setting x horizon, through core and fit
 report.py   the table (console and markdown)
 cli.py      the command line (a user's own loss and objectives)
 adapters/   the built-in adapters: rpg-ref, twins written from docs, and the peers' own code
@@ -21,7 +22,6 @@ from rpg_ref.audit.core import (
     Policies,
     Problem,
     Setting,
-    audit,
     audit_case,
     candidate_grads,
     check_mean_over_responses,
@@ -33,12 +33,37 @@ from rpg_ref.audit.core import (
     reward_grad,
 )
 from rpg_ref.audit.report import describe, describe_combination, format_table, kl_cell, to_markdown
+from rpg_ref.audit.run import audit
 
-__all__ = ["BASIS", "BETA", "HORIZONS", "MATCH_TOL", "SETTINGS", "ZERO_NORM", "Adapter", "Policies",
-           "Problem", "Setting", "audit", "audit_case", "candidate_grads", "check_mean_over_responses",
-           "default_adapters", "describe", "describe_combination", "expected_grad", "format_table",
-           "kl_cell", "loss_precision", "main", "make_problem", "max_token_ratio", "rel_err",
-           "reward_grad", "to_markdown"]
+__all__ = [
+    "BASIS",
+    "BETA",
+    "HORIZONS",
+    "MATCH_TOL",
+    "SETTINGS",
+    "ZERO_NORM",
+    "Adapter",
+    "Policies",
+    "Problem",
+    "Setting",
+    "audit",
+    "audit_case",
+    "candidate_grads",
+    "check_mean_over_responses",
+    "default_adapters",
+    "describe",
+    "describe_combination",
+    "expected_grad",
+    "format_table",
+    "kl_cell",
+    "loss_precision",
+    "main",
+    "make_problem",
+    "max_token_ratio",
+    "rel_err",
+    "reward_grad",
+    "to_markdown",
+]
 
 
 def default_adapters():

@@ -14,8 +14,10 @@ BETA = 0.5  # the KL coefficient every built-in adapter uses
 class Adapter:
     """A loss as the audit calls it: ``loss(logp, old_logp, ref_logp, advantages, mask) -> scalar``
     on a batch of B responses of length H (log-probs and mask [B, H], advantages [B], one reward per
-    response). Token-level advantages (KL in the reward, GAE, return-to-go) are built inside ``loss``
-    from what it is handed. The loss must be a mean over its batch's responses (the audit checks it).
+    response). Token-level advantages (KL in the reward, GAE, return-to-go) are built inside
+    ``loss`` from what it is handed. The loss must be a mean over its batch's responses (the audit
+    checks
+    it).
 
     ``beta``: its KL coefficient (its KL part is compared with beta * grad D). ``own_code``: the
     library's own function runs; else the loss was written from the library's documentation or

@@ -1,14 +1,15 @@
 """rpg-audit's command line: the built-in adapters, or the user's own loss and objectives.
 
-    rpg-audit [--only NAME ...]                       built-in adapters (rpg-ref, peers installed here)
-    rpg-audit --loss my_loss.py:fn [--beta B] [--level token|sequence] [--objective f.py:D ...]
+    rpg-audit [--only NAME ...]                       built-in adapters (rpg-ref, peers installed
+    here) rpg-audit --loss my_loss.py:fn [--beta B] [--level token|sequence] [--objective f.py:D
+    ...]
               [--vocab V] [--horizons H ...] [--seed S] [--off-step X] [--ref-step X]
               [--logit-scale X] [--max-ratio W] [--markdown FILE] [--json FILE]
 
 ``--loss`` takes PATH.py:NAME or package.module:NAME, a function
 ``fn(logp, old_logp, ref_logp, advantages, mask) -> scalar`` ([B, H] tensors, advantages [B]); if it
-accepts ``beta=`` or ``level=`` keywords, --beta and --level are passed to it. ``--objective`` takes a
-function ``D(logp, old_logp, ref_logp) -> scalar`` of the [N, H] token log-probs of EVERY response
+accepts ``beta=`` or ``level=`` keywords, --beta and --level are passed to it. ``--objective`` takes
+a function ``D(logp, old_logp, ref_logp) -> scalar`` of the [N, H] token log-probs of EVERY response
 (logp differentiable): an extra candidate objective.
 """
 
@@ -27,8 +28,9 @@ from pathlib import Path
 import torch
 
 from rpg_ref.audit.adapter import BETA, Adapter
-from rpg_ref.audit.core import HORIZONS, Policies, audit
+from rpg_ref.audit.core import HORIZONS, Policies
 from rpg_ref.audit.report import LEGEND, LEGEND_MORE, format_table, to_markdown
+from rpg_ref.audit.run import audit
 
 
 class UserError(Exception):
@@ -57,7 +59,9 @@ def load_object(spec: str, flag: str):
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 -- any failure of the user's module is reported in one line
-        raise UserError(f"{flag} {spec}: importing {where} failed: {type(e).__name__}: {e}") from None
+        raise UserError(
+            f"{flag} {spec}: importing {where} failed: {type(e).__name__}: {e}"
+        ) from None
     if not hasattr(module, name):
         raise UserError(f"{flag} {spec}: {where} has no attribute {name!r}")
     obj = getattr(module, name)
@@ -82,14 +86,23 @@ def user_adapter(spec: str, beta: float, level: str) -> Adapter:
     B, H = 2, 2
     logp = torch.full((B, H), -1.0, dtype=torch.float64, requires_grad=True)
     try:
-        out = loss(logp, logp.detach() - 0.1, logp.detach() - 0.2, torch.tensor([1.0, -1.0], dtype=torch.float64),
-                   torch.ones(B, H, dtype=torch.float64))
+        out = loss(
+            logp,
+            logp.detach() - 0.1,
+            logp.detach() - 0.2,
+            torch.tensor([1.0, -1.0], dtype=torch.float64),
+            torch.ones(B, H, dtype=torch.float64),
+        )
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"--loss {spec}: calling it as fn(logp, old_logp, ref_logp, advantages, mask) on a "
-                        f"[{B}, {H}] batch raised {type(e).__name__}: {e}") from None
+        raise UserError(
+            f"--loss {spec}: calling it as fn(logp, old_logp, ref_logp, advantages, mask) on a "
+            f"[{B}, {H}] batch raised {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(out, torch.Tensor) or out.numel() != 1:
-        raise UserError(f"--loss {spec}: must return a scalar tensor, got "
-                        f"{type(out).__name__}{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}")
+        raise UserError(
+            f"--loss {spec}: must return a scalar tensor, got "
+            f"{type(out).__name__}{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}"
+        )
     if not bool(torch.isfinite(out).all()):
         raise UserError(f"--loss {spec}: returned {float(out)} on a finite batch")
     name = spec.rpartition(":")[2]
@@ -102,8 +115,10 @@ def user_objective(spec: str):
     try:
         out = fn(logp, logp.detach(), logp.detach())
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"--objective {spec}: calling it as D(logp, old_logp, ref_logp) on [3, 1] log-probs "
-                        f"raised {type(e).__name__}: {e}") from None
+        raise UserError(
+            f"--objective {spec}: calling it as D(logp, old_logp, ref_logp) on [3, 1] log-probs "
+            f"raised {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(out, torch.Tensor) or out.numel() != 1 or not out.requires_grad:
         raise UserError(f"--objective {spec}: must return a scalar tensor differentiable in logp")
     return spec.rpartition(":")[2], fn
@@ -116,38 +131,68 @@ def _bad_output(path: str | None, flag: str) -> str | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rpg-audit", description="Which objective does a loss's exact "
-                                 "expected gradient follow? (docs/audit.md)")
+    ap = argparse.ArgumentParser(
+        prog="rpg-audit",
+        description="Which objective does a loss's exact expected gradient follow? (docs/audit.md)",
+    )
     ap.add_argument("--loss", action="append", metavar="PATH.py:NAME", help="audit this function "
                     "fn(logp, old_logp, ref_logp, advantages, mask) -> scalar (repeatable); or "
                     "package.module:NAME")
-    ap.add_argument("--beta", type=float, default=BETA, help=f"the KL coefficient of --loss (default {BETA})")
+    ap.add_argument(
+        "--beta", type=float, default=BETA, help=f"the KL coefficient of --loss (default {BETA})"
+    )
     ap.add_argument("--level", default="token", choices=("token", "sequence"),
                     help="label of --loss, passed as level= if it takes it (default token)")
-    ap.add_argument("--objective", action="append", metavar="PATH.py:NAME", default=[],
-                    help="an extra candidate D(logp, old_logp, ref_logp) over every response (repeatable)")
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="built-in adapters whose name contains NAME")
+    ap.add_argument(
+        "--objective",
+        action="append",
+        metavar="PATH.py:NAME",
+        default=[],
+        help="an extra candidate D(logp, old_logp, ref_logp) over every response (repeatable)",
+    )
+    ap.add_argument(
+        "--only", nargs="+", metavar="NAME", help="built-in adapters whose name contains NAME"
+    )
     ap.add_argument("--vocab", type=int, default=3, help="vocabulary size V, 2..8 (default 3)")
     ap.add_argument("--horizons", nargs="+", type=int, default=list(HORIZONS), metavar="H",
                     help="response lengths (V^H responses each; default 1 2 3)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random policies (default 0)")
-    ap.add_argument("--off-step", type=float, default=0.5, help="off-policy θ = θ_old + X·N(0,1) (default 0.5)")
-    ap.add_argument("--ref-step", type=float, default=0.8, help="θ_ref = θ_old + X·N(0,1) (default 0.8)")
+    ap.add_argument(
+        "--off-step", type=float, default=0.5, help="off-policy θ = θ_old + X·N(0,1) (default 0.5)"
+    )
+    ap.add_argument(
+        "--ref-step", type=float, default=0.8, help="θ_ref = θ_old + X·N(0,1) (default 0.8)"
+    )
     ap.add_argument("--logit-scale", type=float, default=1.0, help="θ_old = X·N(0,1) (default 1)")
-    ap.add_argument("--max-ratio", type=float, default=None, metavar="W",
-                    help="off-policy: scale θ - θ_old so the largest per-token π_θ/π_old is W (clamps bind)")
+    ap.add_argument(
+        "--max-ratio",
+        type=float,
+        default=None,
+        metavar="W",
+        help="off-policy: scale θ - θ_old so the largest per-token π_θ/π_old is W (clamps bind)",
+    )
     ap.add_argument("--no-fit", action="store_true", help="skip the combination fit")
     ap.add_argument("--markdown", metavar="FILE", help="write the table as markdown")
-    ap.add_argument("--json", metavar="FILE", help="write every row (per horizon, errors, gradients) as JSON")
+    ap.add_argument(
+        "--json", metavar="FILE", help="write every row (per horizon, errors, gradients) as JSON"
+    )
     ap.add_argument("--list", action="store_true", help="list the built-in adapters and exit")
     return ap
 
 
 def check_args(args, policies: Policies) -> list[str]:
-    errors = [policies.check(), _bad_output(args.markdown, "--markdown"), _bad_output(args.json, "--json")]
+    errors = [
+        policies.check(),
+        _bad_output(args.markdown, "--markdown"),
+        _bad_output(args.json, "--json"),
+    ]
     states = [policies.vocab ** h for h in args.horizons]
     if any(h < 1 for h in args.horizons) or (not errors[0] and max(states) > 4096):
-        errors.insert(0, f"--horizons must be >= 1 with V^H <= 4096 responses, got {args.horizons} at V={args.vocab}")
+        errors.insert(
+            0,
+            f"--horizons must be >= 1 with V^H <= 4096 responses, got {args.horizons} at "
+            f"V={args.vocab}",
+        )
     if args.seed < 0:
         errors.insert(0, f"--seed must be >= 0, got {args.seed}")
     if not (math.isfinite(args.beta) and args.beta > 0):
@@ -181,7 +226,8 @@ def main(argv=None) -> int:
     try:
         rows = audit(adapters, tuple(sorted(set(args.horizons))), args.seed, policies, objectives,
                      fit=not args.no_fit)
-    except ValueError as e:                    # a loss the audit cannot judge, or unreachable --max-ratio
+    # a loss the audit cannot judge, or unreachable --max-ratio
+    except ValueError as e:
         ap.exit(2, f"rpg-audit: error: {e}\n")
     except Exception as e:                     # the user's own code failing mid-audit
         if not args.loss:

@@ -93,7 +93,9 @@ class Policies:
                         ("--logit-scale", self.logit_scale)):
             if not (math.isfinite(v) and v > 0):
                 return f"{name} must be a finite number > 0, got {v}"
-        if self.max_ratio is not None and not (math.isfinite(self.max_ratio) and self.max_ratio > 1):
+        if self.max_ratio is not None and not (
+            math.isfinite(self.max_ratio) and self.max_ratio > 1
+        ):
             return f"--max-ratio must be a finite number > 1, got {self.max_ratio}"
         return None
 
@@ -111,7 +113,8 @@ class Problem:
     R: Tensor                       # [V^H]
 
     def __post_init__(self):
-        self.old_tok, self.ref_tok = self.tokens(self.old), self.tokens(self.ref)   # [V^H, H] constants
+        # [V^H, H] constants
+        self.old_tok, self.ref_tok = self.tokens(self.old), self.tokens(self.ref)
 
     def tokens(self, logits: Tensor) -> Tensor:
         return self.ar.token_logp(logits)                                    # [V^H, H]
@@ -123,18 +126,23 @@ def max_token_ratio(theta: Tensor, old: Tensor) -> float:
 
 
 def scale_to_ratio(old: Tensor, delta: Tensor, target: float) -> Tensor:
-    """theta = old + c d with the largest per-token ratio equal to target (bisection on c); d is delta
-    plus a push towards each prefix's least likely token, so that ratios up to 1 / min pi_old are reached."""
-    reach = float(torch.log_softmax(old, -1).min().neg().exp())   # sup over directions: 1 / min pi_old
+    """theta = old + c d with the largest per-token ratio equal to target (bisection on c); d is
+    delta
+    plus a push towards each prefix's least likely token, so that ratios up to 1 / min pi_old are
+    reached."""
+    # sup over directions: 1 / min pi_old
+    reach = float(torch.log_softmax(old, -1).min().neg().exp())
     push = torch.zeros_like(old).scatter_(-1, old.argmin(-1, keepdim=True), 1.0)
     delta = delta + 10 * delta.abs().max() * push
     lo, hi = 0.0, 1.0
     while max_token_ratio(old + hi * delta, old) < target:
         hi *= 2
         if hi > 2 ** 20:
-            raise ValueError(f"--max-ratio {target:g} is not reached by these policies (at most "
-                             f"{reach:.3g} = 1 / the smallest token probability of π_old); choose a "
-                             "smaller ratio, a larger --logit-scale or a larger --vocab")
+            raise ValueError(
+                f"--max-ratio {target:g} is not reached by these policies (at most "
+                f"{reach:.3g} = 1 / the smallest token probability of π_old); choose a "
+                "smaller ratio, a larger --logit-scale or a larger --vocab"
+            )
     for _ in range(200):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if max_token_ratio(old + mid * delta, old) < target else (lo, mid)
@@ -143,7 +151,8 @@ def scale_to_ratio(old: Tensor, delta: Tensor, target: float) -> Tensor:
 
 def make_problem(setting: Setting, horizon: int, seed: int = 0,
                  policies: Policies = DEFAULT_POLICIES, draw: int = 0) -> Problem:
-    """Random float64 policies; the four settings of one (horizon, seed, draw) share theta_old and R.
+    """Random float64 policies; the four settings of one (horizon, seed, draw) share theta_old and
+    R.
     draw > 0: further independent draws (the combination fit)."""
     g = torch.Generator().manual_seed(1000 * seed + horizon + 1_000_003 * draw)
     V = policies.vocab
@@ -153,8 +162,14 @@ def make_problem(setting: Setting, horizon: int, seed: int = 0,
     delta = policies.off_step * torch.randn(shape, generator=g, dtype=DTYPE)
     ref = old + policies.ref_step * torch.randn(shape, generator=g, dtype=DTYPE)
     R = torch.randn(len(ar.seqs), generator=g, dtype=DTYPE)
-    theta = old + delta if policies.max_ratio is None else scale_to_ratio(old, delta, policies.max_ratio)
-    return Problem(ar, old if setting.on_policy else theta, old, old if setting.ref_is_old else ref, R)
+    theta = (
+        old + delta
+        if policies.max_ratio is None
+        else scale_to_ratio(old, delta, policies.max_ratio)
+    )
+    return Problem(
+        ar, old if setting.on_policy else theta, old, old if setting.ref_is_old else ref, R
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -162,7 +177,9 @@ def make_problem(setting: Setting, horizon: int, seed: int = 0,
 # ---------------------------------------------------------------------------
 
 def _call(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor, rows=slice(None)) -> Tensor:
-    return adapter.loss(logp, prob.old_tok[rows], prob.ref_tok[rows], adv[rows], torch.ones_like(logp))
+    return adapter.loss(
+        logp, prob.old_tok[rows], prob.ref_tok[rows], adv[rows], torch.ones_like(logp)
+    )
 
 
 def response_grads(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor) -> Tensor:
@@ -243,9 +260,11 @@ def check_mean_over_responses(adapter: Adapter, prob: Problem, tol: float = MATC
         single = torch.zeros_like(leaf[0]) if g is None else g[0].to(DTYPE)
         diff = float((single - batched[y]).abs().max())
         if diff > tol * max(1.0, float(single.abs().max())):
-            raise ValueError(f"{adapter.name}: the loss of a batch is not the mean of its responses' losses "
-                             f"(response {y}: its gradient alone and in the batch differ by {diff:.3g}); "
-                             f"aggregate with seq-mean-token-sum or token-mean")
+            raise ValueError(
+                f"{adapter.name}: the loss of a batch is not the mean of its responses' losses "
+                f"(response {y}: its gradient alone and in the batch differ by {diff:.3g}); "
+                f"aggregate with seq-mean-token-sum or token-mean"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -261,22 +280,33 @@ def _grad(f: Callable[[Tensor], Tensor], theta: Tensor) -> Tensor:
     return g.reshape(-1)
 
 
-def candidate_grads(prob: Problem, objectives: dict[str, Objective] | None = None) -> dict[str, Tensor]:
+def candidate_grads(
+    prob: Problem, objectives: dict[str, Objective] | None = None
+) -> dict[str, Tensor]:
     """grad_theta D for every candidate D (key -> flattened gradient). A user objective D gets the
     [N, H] token log-probs of every response under theta (differentiable), pi_old and pi_ref."""
     seq_ref = prob.ref_tok.sum(1)                                            # log pi_ref(y)
     cond_ref = torch.log_softmax(prob.ref, -1)                               # [n_prefix, V]
-    w_old = prob.ar.prefix_logp(prob.old).exp()                              # [n_prefix] pi_old(prefix)
-    out = {f"seq-{d}": _grad(lambda th, d=d: divergence(d, prob.tokens(th).sum(1), seq_ref), prob.theta)
-           for d in ("rkl", "urkl", "fkl", "ufkl")}
+    # [n_prefix] pi_old(prefix)
+    w_old = prob.ar.prefix_logp(prob.old).exp()
+    out = {
+        f"seq-{d}": _grad(
+            lambda th, d=d: divergence(d, prob.tokens(th).sum(1), seq_ref), prob.theta
+        )
+        for d in ("rkl", "urkl", "fkl", "ufkl")
+    }
     # sum_t E_{y<t ~ pi_old} KL_t = sum over prefixes p of pi_old(p) KL(pi(.|p), pi_ref(.|p))
-    out["tok-rkl"] = _grad(lambda th: (w_old * kl.reverse_kl(torch.log_softmax(th, -1), cond_ref)).sum(),
-                           prob.theta)
-    out["tok-fkl"] = _grad(lambda th: (w_old * kl.forward_kl(torch.log_softmax(th, -1), cond_ref)).sum(),
-                           prob.theta)
+    out["tok-rkl"] = _grad(
+        lambda th: (w_old * kl.reverse_kl(torch.log_softmax(th, -1), cond_ref)).sum(), prob.theta
+    )
+    out["tok-fkl"] = _grad(
+        lambda th: (w_old * kl.forward_kl(torch.log_softmax(th, -1), cond_ref)).sum(), prob.theta
+    )
     out["no-kl"] = torch.zeros_like(out["tok-rkl"])
     for name, D in (objectives or {}).items():
-        out[f"user:{name}"] = _grad(lambda th, D=D: D(prob.tokens(th), prob.old_tok, prob.ref_tok), prob.theta)
+        out[f"user:{name}"] = _grad(
+            lambda th, D=D: D(prob.tokens(th), prob.old_tok, prob.ref_tok), prob.theta
+        )
     return out
 
 
@@ -286,7 +316,8 @@ def reward_grad(prob: Problem) -> Tensor:
 
 
 def rel_err(g: Tensor, t: Tensor) -> float:
-    """||g - t|| / max(||g||, ||t||, ZERO_NORM): 0 for equal vectors, up to 2, and 1 vs a zero target."""
+    """||g - t|| / max(||g||, ||t||, ZERO_NORM): 0 for equal vectors, up to 2, and 1 vs a zero
+    target."""
     return float((g - t).norm()) / max(float(g.norm()), float(t.norm()), ZERO_NORM)
 
 
@@ -312,59 +343,31 @@ def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_rewa
     g_r = expected_grad(adapter, prob, prob.R) - g_kl
     errs = {}
     for key, gd in cands.items():
-        errs[key] = rel_err(g_kl, adapter.beta * gd)                        # loss follows E[R] - beta D
+        # loss follows E[R] - beta D
+        errs[key] = rel_err(g_kl, adapter.beta * gd)
         if key != "no-kl":
-            errs["-" + key] = rel_err(g_kl, -adapter.beta * gd)             # loss follows E[R] + beta D
-    # judged at float64 first; a loss that computes below float64 is judged at its own precision only
-    # where nothing matches to 1e-10 (so a label "at float32 precision" means the precision mattered)
+            # loss follows E[R] + beta D
+            errs["-" + key] = rel_err(g_kl, -adapter.beta * gd)
+    # judged at float64 first; a loss that computes below float64 is judged at its own precision
+    # only where nothing matches to 1e-10 (so a label "at float32 precision" means the precision
+    # mattered)
     matches, judged_at = sorted(k for k, e in errs.items() if e <= MATCH_TOL), MATCH_TOL
     if not matches and tol > MATCH_TOL:
         matches, judged_at = sorted(k for k, e in errs.items() if e <= tol), tol
     closest = min(errs, key=errs.get)
     reward_err = rel_err(g_r, -g_reward)
-    return {"reward_rel_err": reward_err, "reward_exact": reward_err <= tol,
-            "kl_matches": matches, "kl_judged_at": judged_at, "kl_closest": closest, "kl_closest_err": errs[closest],
-            "kl_all_zero": all(float(gd.norm()) < ZERO_NORM for gd in cands.values()),
-            "kl_grad_norm": float(g_kl.norm()), "kl_errs": errs,
-            "grad_kl_part": g_kl.tolist(), "grad_reward_part": g_r.tolist(),
-            "grad_reward_target": (-g_reward).tolist(),
-            "kl_targets": {k: (adapter.beta * v).tolist() for k, v in cands.items() if k != "no-kl"}}
-
-
-def audit(adapters: list[Adapter], horizons=HORIZONS, seed: int = 0,
-          policies: Policies = DEFAULT_POLICIES, objectives: dict[str, Objective] | None = None,
-          fit: bool = True) -> list[dict]:
-    """One row per adapter x setting x horizon (dicts, JSON-ready)."""
-    from rpg_ref.audit.fit import fit_case
-
-    objectives = objectives or {}
-    cases = []
-    for s in SETTINGS:
-        for h in horizons:
-            p = make_problem(s, h, seed, policies)
-            cases.append(Case(s, h, p, candidate_grads(p, objectives), reward_grad(p)))
-    rows = []
-    for ad in adapters:
-        probe = next(c.prob for c in cases if c.setting == SETTINGS[-1] and c.horizon == max(horizons))
-        precision = loss_precision(ad, probe)
-        if torch.finfo(precision).eps > torch.finfo(torch.float32).eps:
-            raise ValueError(f"{ad.name}: computes in {precision_name(precision)} (eps "
-                             f"{torch.finfo(precision).eps:.2g}): too coarse to tell objectives apart; "
-                             "audit it in float32 or float64")
-        tol = tolerance(precision)
-        check_mean_over_responses(ad, probe, tol)
-        for c in cases:
-            row = {"loss": ad.name, "level": ad.level, "code": ad.code, "own_code": ad.own_code,
-                   "library": ad.library, "on_policy": c.setting.on_policy,
-                   "ref_is_old": c.setting.ref_is_old, "horizon": c.horizon, "beta": ad.beta,
-                   "note": ad.note, "precision": precision_name(precision), "tolerance": tol,
-                   "vocab": policies.vocab, "seed": seed}
-            row |= audit_case(ad, c.prob, c.cands, c.g_reward, tol)
-            row["kl_match_err"] = max((row["kl_errs"][k] for k in row["kl_matches"]), default=None)
-            row["kl_combination"] = None
-            if fit and not row["kl_matches"] and not row["kl_all_zero"]:
-                row["kl_combination"] = fit_case(ad, c, seed, policies, objectives, tol)
-                if row["kl_combination"]:
-                    row["kl_judged_at"] = row["kl_combination"]["tolerance"]
-            rows.append(row)
-    return rows
+    return {
+        "reward_rel_err": reward_err,
+        "reward_exact": reward_err <= tol,
+        "kl_matches": matches,
+        "kl_judged_at": judged_at,
+        "kl_closest": closest,
+        "kl_closest_err": errs[closest],
+        "kl_all_zero": all(float(gd.norm()) < ZERO_NORM for gd in cands.values()),
+        "kl_grad_norm": float(g_kl.norm()),
+        "kl_errs": errs,
+        "grad_kl_part": g_kl.tolist(),
+        "grad_reward_part": g_r.tolist(),
+        "grad_reward_target": (-g_reward).tolist(),
+        "kl_targets": {k: (adapter.beta * v).tolist() for k, v in cands.items() if k != "no-kl"},
+    }

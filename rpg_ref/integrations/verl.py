@@ -1,4 +1,5 @@
-"""verl plugin: every RPG loss in verl's policy-loss registry (verl >= 0.5; checked with verl 0.9.1).
+"""verl plugin: every RPG loss in verl's policy-loss registry (verl >= 0.5; checked with verl
+0.9.1).
 
 Use it by listing this module in VERL_USE_EXTERNAL_MODULES (verl imports it in every worker) and
 choosing a loss by name:
@@ -18,7 +19,8 @@ Actor-config keys read (actor_rollout_ref.actor.*):
     kl_loss_coef               beta, the loss's own KL coefficient (use_kl_loss must be False,
                                else verl would add its own, unweighted KL on top: ValueError)
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
-    clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all three
+    clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all
+    three
                                (checked by rpg_ref.losses.parse_clip, the loss options' one
                                rule book, on a setting's first call, then looked up)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
@@ -29,11 +31,15 @@ Actor-config keys read (actor_rollout_ref.actor.*):
 Aggregation. rpg_ref returns L_rpg aggregated over the local micro-batch (token-mean:
 sum_b S_b / N_local; seq modes: mean over the B_local rows, with S_b the masked token sum of
 row b and N_local the token count). verl wants, per verl.trainer.ppo.core_algos.agg_loss,
-    token-mean               sum_b S_b / batch_num_tokens * dp_size   = L_rpg(token-mean) * N_local * dp / bnt
-    token-sum                sum_b S_b * dp_size                       = L_rpg(token-mean) * N_local * dp
-    seq-mean-token-mean      sum_b S_b/n_b / global_batch_size * dp   = L_rpg(seq-mean-token-mean) * B_local * dp / gbs
-    seq-mean-token-sum       sum_b S_b / global_batch_size * dp       = L_rpg(seq-mean-token-sum) * B_local * dp / gbs
-    seq-mean-token-sum-norm  the previous / loss_scale_factor (default: the padded length T)
+    token-mean               sum_b S_b / batch_num_tokens * dp_size   = L_rpg(token-mean) * N_local
+    * dp / bnt token-sum                sum_b S_b * dp_size                       =
+    L_rpg(token-mean) * N_local
+    * dp seq-mean-token-mean      sum_b S_b/n_b / global_batch_size * dp   =
+    L_rpg(seq-mean-token-mean) *
+    B_local * dp / gbs seq-mean-token-sum       sum_b S_b / global_batch_size * dp       =
+    L_rpg(seq-mean-token-sum) *
+    B_local * dp / gbs seq-mean-token-sum-norm  the previous / loss_scale_factor (default: the
+    padded length T)
 The factors are constants, so values and gradients are rpg_ref's times the factor. (verl's own
 seq-mean-token-mean divides by n_b + 1e-8; rpg_ref divides by n_b.) Rows with no response token
 contribute nothing in verl and are dropped before the call (rpg_ref rejects empty rows).
@@ -64,7 +70,8 @@ def _get(config, key: str, default=None):
 
 
 def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
-    """(beta, clip) from verl's actor config (module docstring); clip = (eps_low, eps_high, c or None)."""
+    """(beta, clip) from verl's actor config (module docstring); clip = (eps_low, eps_high, c or
+    None)."""
     beta, clip = _config_values(config, clipped)
     return beta, parse_clip(clip)
 
@@ -74,9 +81,11 @@ def _config_values(config, clipped: bool) -> tuple[float, tuple | None]:
     if config is None:
         raise ValueError("rpg losses need verl's actor config (beta = kl_loss_coef, clip ratios)")
     if _get(config, "use_kl_loss", False):
-        raise ValueError("actor.use_kl_loss=True would add verl's own KL loss on top of the rpg loss's "
-                         "KL term: set actor_rollout_ref.actor.use_kl_loss=False (beta is read from "
-                         "actor.kl_loss_coef)")
+        raise ValueError(
+            "actor.use_kl_loss=True would add verl's own KL loss on top of the rpg loss's "
+            "KL term: set actor_rollout_ref.actor.use_kl_loss=False (beta is read from "
+            "actor.kl_loss_coef)"
+        )
     beta = float(_get(config, "kl_loss_coef", 0.0))
     if not clipped:
         return beta, None
@@ -93,14 +102,19 @@ def _agg_plan(mode: str) -> str:
 
 
 def verl_scale(mode: str, mask: torch.Tensor, info: dict) -> float:
-    """The constant turning rpg_ref's local aggregation into verl's global one (module docstring)."""
+    """The constant turning rpg_ref's local aggregation into verl's global one (module
+    docstring)."""
     dp = int(info.get("dp_size") or 1)
     n_local, b_local = float(mask.sum()), int((mask.sum(-1) > 0).sum())
     if mode in ("token-mean", "token-sum"):
         bnt = info.get("batch_num_tokens")
         if bnt is None and dp > 1:
             raise ValueError("global_batch_info.batch_num_tokens is required when dp_size > 1")
-        return n_local * dp if mode == "token-sum" else n_local * dp / float(bnt if bnt is not None else n_local)
+        return (
+            n_local * dp
+            if mode == "token-sum"
+            else n_local * dp / float(bnt if bnt is not None else n_local)
+        )
     gbs = info.get("global_batch_size")
     if gbs is None and dp > 1:
         raise ValueError("global_batch_info.global_batch_size is required when dp_size > 1")
@@ -115,18 +129,28 @@ def _make(name: str):
     base = name.removesuffix("-noclip")
     fn, clipped = LOSSES[base], not name.endswith("-noclip")
 
-    def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                    response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config: Any = None,
-                    rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    def policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict]:
         if rollout_is_weights is not None:
-            raise ValueError(f"{name}: rollout_is_weights are not supported by the rpg losses; disable "
-                             f"algorithm.rollout_correction for this loss")
+            raise ValueError(
+                f"{name}: rollout_is_weights are not supported by the rpg losses; disable "
+                f"algorithm.rollout_correction for this loss"
+            )
         beta, clip = _config_values(config, clipped)
         options = cached_options(base, beta=beta, clip=clip, level="token",
                                  agg=_agg_plan(loss_agg_mode))
         info = dict(_get(config, "global_batch_info", {}) or {})
-        mask = response_mask.to(log_prob.dtype if log_prob.is_floating_point() else torch.float32)  # [B, T]
-        keep = mask.sum(-1) > 0                                                                     # [B]
+        # [B, T]
+        mask = response_mask.to(log_prob.dtype if log_prob.is_floating_point() else torch.float32)
+        # [B]
+        keep = mask.sum(-1) > 0
         if not bool(keep.any()):  # nothing to learn from: a zero that still depends on log_prob
             return (log_prob * 0.0).sum(), {}
         loss, stats = fn(log_prob[keep], old_log_prob[keep], advantages[keep], mask[keep],
@@ -142,8 +166,10 @@ def _make(name: str):
         return loss, metrics
 
     policy_loss.__name__ = "rpg_" + name.replace("-", "_")
-    policy_loss.__doc__ = f"verl adapter for rpg_ref.losses '{base}' ({'clipped' if clipped else 'no clip'}).\n\n" \
-                          + (fn.__doc__ or "")
+    policy_loss.__doc__ = (
+        f"verl adapter for rpg_ref.losses '{base}' ({'clipped' if clipped else 'no clip'}).\n\n"
+        + (fn.__doc__ or "")
+    )
     return policy_loss
 
 

@@ -1,8 +1,9 @@
 """The ``bandit`` task: a K-armed softmax bandit whose KL-regularized optimum is known.
 
 A sample x is one arm (one token, so the losses run at level="token" with T = 1) and R(x) is that
-arm's reward. With ``--ref init`` the optimum of J = E_p[R] - beta D(p, pi_ref) is computed in float64
-(``kl_regularized_optimum``) and summary.json reports its total-variation distance to the policy.
+arm's reward. With ``--ref init`` the optimum of J = E_p[R] - beta D(p, pi_ref) is computed in
+float64 (``kl_regularized_optimum``) and summary.json reports its total-variation distance to the
+policy.
 With the iterative reference the regularizer only bounds each step: the policy tends to the best
 arm (the reported optimum is then that one-hot vector).
 """
@@ -21,7 +22,8 @@ from rpg_ref.losses import SPECS
 
 
 class TabularPolicy(nn.Module):
-    """A softmax over K arms that ignores its input: logits [K], same distribution at every position."""
+    """A softmax over K arms that ignores its input: logits [K], same distribution at every
+    position."""
 
     def __init__(self, logits: Tensor):
         super().__init__()
@@ -29,7 +31,7 @@ class TabularPolicy(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, **_):
         B, L = input_ids.shape
-        keep = L if not logits_to_keep else logits_to_keep
+        keep = logits_to_keep or L
         return SimpleNamespace(logits=self.logits.expand(B, keep, -1))  # [B, keep, K]
 
 
@@ -91,7 +93,8 @@ class BanditTask:
         self.R = torch.tensor(self.opt.rewards, dtype=torch.float32, device=device)  # [K]
 
     def build_policy(self) -> nn.Module:
-        self.init_logits = torch.randn(len(self.opt.rewards)) * self.opt.init_scale  # [K] = pi_ref's
+        # [K] = pi_ref's
+        self.init_logits = torch.randn(len(self.opt.rewards)) * self.opt.init_scale
         return TabularPolicy(self.init_logits)
 
     def sample_prompts(self, n, gen):

@@ -37,10 +37,14 @@ class SeqTask:
         hidden: int = field(default=128, metadata={"help": "model width"})
         layers: int = field(default=2, metadata={"help": "transformer layers"})
         heads: int = field(default=4, metadata={"help": "attention heads"})
-        warm_steps: int = field(default=250, metadata={"help": "supervised warm-start steps (0 = none)"})
+        warm_steps: int = field(
+            default=250, metadata={"help": "supervised warm-start steps (0 = none)"}
+        )
         warm_lr: float = field(default=3e-3, metadata={"help": "warm-start learning rate"})
         warm_batch: int = field(default=64, metadata={"help": "warm-start batch size"})
-        eval_size: int = field(default=256, metadata={"help": "held-out problems for greedy evaluation"})
+        eval_size: int = field(
+            default=256, metadata={"help": "held-out problems for greedy evaluation"}
+        )
 
     def __init__(self, cfg, device: torch.device):
         self.opt = self.Options(**cfg.task_options)
@@ -49,8 +53,12 @@ class SeqTask:
             raise ValueError(f"seq digits must be >= 1, got {self.opt.digits}")
         need = self.opt.digits + 2
         if cfg.max_new_tokens < need:
-            raise ValueError(f"seq with {self.opt.digits}-digit operands needs --max-new-tokens >= {need}")
-        self.eval_prompts = self.sample_prompts(self.opt.eval_size, torch.Generator().manual_seed(12345))
+            raise ValueError(
+                f"seq with {self.opt.digits}-digit operands needs --max-new-tokens >= {need}"
+            )
+        self.eval_prompts = self.sample_prompts(
+            self.opt.eval_size, torch.Generator().manual_seed(12345)
+        )
 
     def _answer(self, s: int) -> list:
         return [int(c) for c in reversed(str(s))]
@@ -102,8 +110,9 @@ class SeqTask:
         return model
 
     def _warm_start(self, model: nn.Module) -> None:
-        """Supervised phase: cross-entropy on the answer tokens of random problems (own generator)."""
-        from rpg_ref.metrics import task_progress
+        """Supervised phase: cross-entropy on the answer tokens of random problems (own
+        generator)."""
+        from rpg_ref.interfaces import task_progress
 
         gen = torch.Generator().manual_seed(self.cfg.seed + 7)
         opt = torch.optim.AdamW(model.parameters(), lr=self.opt.warm_lr)
@@ -129,7 +138,9 @@ class SeqTask:
             bar.close()
 
     def evaluate(self, policy, engine):
-        gen = engine.generate([p.ids for p in self.eval_prompts], 1, 0.0, 1.0, self.cfg.max_new_tokens)
+        gen = engine.generate(
+            [p.ids for p in self.eval_prompts], 1, 0.0, 1.0, self.cfg.max_new_tokens
+        )
         _, correct = self.reward(self.eval_prompts, gen.responses)
         return {"greedy_accuracy": float(correct.float().mean())}
 

@@ -11,13 +11,16 @@ VERL_NOTE = {"kl": "k1", "abs": "|log r|", "mse": "k2", "low_var_kl": "k3, clamp
              "k1+": "k1 value, k2 gradient", "k3+": "k3 value, k2 gradient"}
 
 
-def ppo_clip(logp: Tensor, old: Tensor, adv: Tensor, eps_low=0.2, eps_high=0.2, dual_c=None) -> Tensor:
+def ppo_clip(
+    logp: Tensor, old: Tensor, adv: Tensor, eps_low=0.2, eps_high=0.2, dual_c=None
+) -> Tensor:
     """[B, H] PPO clip per token (Schulman et al. 2017), dual clip for A < 0 (Ye et al. 2020)."""
     w = torch.exp(logp - old)                                                 # per-token ratio
     a = adv[:, None]
     loss = torch.maximum(-w * a, -w.clamp(1 - eps_low, 1 + eps_high) * a)     # -min(w A, clip(w) A)
     if dual_c is not None:
-        loss = torch.where(a < 0, torch.minimum(loss, -dual_c * a), loss)     # at most -c A when A < 0
+        # at most -c A when A < 0
+        loss = torch.where(a < 0, torch.minimum(loss, -dual_c * a), loss)
     return loss
 
 
@@ -32,12 +35,19 @@ def verl_kl_estimate(logp: Tensor, ref: Tensor, kind: str) -> Tensor:
     keeps the estimator's value and takes the gradient of k2 (straight-through)."""
     if kind.endswith("+"):
         k2 = verl_kl_estimate(logp, ref, "mse")
-        return k2 + (verl_kl_estimate(logp, ref, kind[:-1]) - k2).detach()  # value of kind, gradient of k2
-    lr = logp - ref                                                           # log pi_theta / pi_ref
-    return {"kl": lambda: lr, "k1": lambda: lr, "abs": lambda: lr.abs(),
-            "mse": lambda: 0.5 * lr * lr, "k2": lambda: 0.5 * lr * lr,
-            "low_var_kl": lambda: k3(logp, ref).clamp(-10, 10), "k3": lambda: k3(logp, ref).clamp(-10, 10),
-            }[kind]()
+        # value of kind, gradient of k2
+        return k2 + (verl_kl_estimate(logp, ref, kind[:-1]) - k2).detach()
+    # log pi_theta / pi_ref
+    lr = logp - ref
+    return {
+        "kl": lambda: lr,
+        "k1": lambda: lr,
+        "abs": lambda: lr.abs(),
+        "mse": lambda: 0.5 * lr * lr,
+        "k2": lambda: 0.5 * lr * lr,
+        "low_var_kl": lambda: k3(logp, ref).clamp(-10, 10),
+        "k3": lambda: k3(logp, ref).clamp(-10, 10),
+    }[kind]()
 
 
 def token_sum_mean(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -23,11 +23,19 @@ def _reinforce_pp() -> Adapter:
     fn = LOSSES["reinforce++"]
 
     def loss(logp, old, ref, adv, mask):
-        a_tok = kl_return_to_go(adv, mask, old, ref, BETA)                    # R - beta k1, return to go
+        # R - beta k1, return to go
+        a_tok = kl_return_to_go(adv, mask, old, ref, BETA)
         return fn(logp, old, a_tok, mask, beta=0.0, agg=AGG)[0]
-    return Adapter("reinforce++", loss, BETA, "rpg-ref", True, "token",
-                   "KL in the reward; also stands for reinforce++-baseline (the group baseline and the "
-                   "batch whitening couple responses: left out)")
+    return Adapter(
+        "reinforce++",
+        loss,
+        BETA,
+        "rpg-ref",
+        True,
+        "token",
+        "KL in the reward; also stands for reinforce++-baseline (the group baseline and the "
+        "batch whitening couple responses: left out)",
+    )
 
 
 def rpg_ref_adapters() -> list[Adapter]:

@@ -23,7 +23,9 @@ def installed_file(dist: str, version: str, relpath: str):
     try:
         found = metadata.version(dist)
     except metadata.PackageNotFoundError:
-        raise PeerMissing(f"{dist} is not installed (pip install --no-deps {dist}=={version})") from None
+        raise PeerMissing(
+            f"{dist} is not installed (pip install --no-deps {dist}=={version})"
+        ) from None
     if found != version:
         raise PeerMissing(f"{dist} {found} is installed; the adapter is pinned to {version}")
     path = metadata.distribution(dist).locate_file(relpath)
@@ -40,7 +42,11 @@ def load_defs(dist: str, version: str, relpath: str, names: list[str], env: dict
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             top[node.name] = node
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             top[node.targets[0].id] = node
     picked = []
     for name in names:
@@ -49,12 +55,15 @@ def load_defs(dist: str, version: str, relpath: str, names: list[str], env: dict
             raise PeerMissing(f"{dist} {version}: {relpath} has no {cls}")
         node = top[cls]
         if meth:
-            node = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == meth), None)
+            node = next(
+                (n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == meth), None
+            )
             if node is None:
                 raise PeerMissing(f"{dist} {version}: {relpath} has no {name}")
         picked.append(node)
     code = compile(ast.Module(body=picked, type_ignores=[]), str(path), "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)  # annotations unevaluated
+                   # annotations unevaluated
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
     ns = dict(env)
-    exec(code, ns)  # noqa: S102 -- the installed library's own definitions
+    exec(code, ns)  # the installed library's own definitions
     return ns

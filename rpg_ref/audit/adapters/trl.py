@@ -34,12 +34,22 @@ class _Accelerator:
 
 def _stand_in(level: str, bias_correction: bool):
     return types.SimpleNamespace(
-        beta=BETA, loss_type="grpo", importance_sampling_level=level, epsilon_low=0.2, epsilon_high=0.2,
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, aux_loss_enabled=False,
-        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1,
-        model=types.SimpleNamespace(training=True), accelerator=_Accelerator(),
+        beta=BETA,
+        loss_type="grpo",
+        importance_sampling_level=level,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        use_vllm=False,
+        aux_loss_enabled=False,
+        _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=1,
+        model=types.SimpleNamespace(training=True),
+        accelerator=_Accelerator(),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        args=types.SimpleNamespace(use_bias_correction_kl=bias_correction, delta=None))
+        args=types.SimpleNamespace(use_bias_correction_kl=bias_correction, delta=None),
+    )
 
 
 def trl_adapters() -> tuple[list[Adapter], list[str]]:
@@ -49,18 +59,38 @@ def trl_adapters() -> tuple[list[Adapter], list[str]]:
     except ImportError as e:
         return [], [f"TRL is not importable here ({e}): its own-code rows are left out"]
     if trl.__version__ != TRL_VERSION:
-        return [], [f"TRL {trl.__version__} is installed; the adapters are pinned to {TRL_VERSION}: left out"]
+        return [], [
+            (f"TRL {trl.__version__} is installed; the adapters are pinned to {TRL_VERSION}: left "
+             "out")
+        ]
 
     def make(level: str, bias_correction: bool) -> Adapter:
         def loss(logp, old, ref, adv, mask):
             B, H = logp.shape
             me = _stand_in(level, bias_correction)
-            me._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
-            inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1),
-                      "completion_ids": torch.zeros(B, H, dtype=torch.long), "completion_mask": mask,
-                      "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref}
+            me._get_per_token_logps_and_entropies = lambda *a, **k: (
+                logp,
+                torch.zeros_like(logp),
+                None,
+            )
+            inputs = {
+                "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+                "prompt_mask": torch.ones(B, 1),
+                "completion_ids": torch.zeros(B, H, dtype=torch.long),
+                "completion_mask": mask,
+                "advantages": adv,
+                "old_per_token_logps": old,
+                "ref_per_token_logps": ref,
+            }
             return H * GRPOTrainer._compute_loss(me, None, inputs)
-        return Adapter(f"TRL GRPO importance_sampling_level={level} use_bias_correction_kl={bias_correction}",
-                       loss, BETA, f"TRL {TRL_VERSION}", True, level,
-                       "GRPOTrainer._compute_loss, loss_type=grpo, k3 per token")
+
+        return Adapter(
+            f"TRL GRPO importance_sampling_level={level} use_bias_correction_kl={bias_correction}",
+            loss,
+            BETA,
+            f"TRL {TRL_VERSION}",
+            True,
+            level,
+            "GRPOTrainer._compute_loss, loss_type=grpo, k3 per token",
+        )
     return [make(lv, bc) for lv in ("token", "sequence") for bc in (False, True)], []

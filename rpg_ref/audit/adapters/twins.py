@@ -1,10 +1,12 @@
 """Losses written here from a library's or paper's documented formula ("from docs" in the table).
 
-    verl 0.9.1    the kl_loss_types (twins of verl's own code, tests/test_audit_verl.py checks they agree)
-    TRL           GRPOTrainer's k3 term, with and without use_bias_correction_kl (TRL's own code: trl.py)
-    DeepSeekMath  GRPO as published (Shao et al. 2024)
+    verl 0.9.1    the kl_loss_types (twins of verl's own code, tests/test_audit_verl.py checks they
+    agree) TRL           GRPOTrainer's k3 term, with and without use_bias_correction_kl (TRL's own
+    code:
+    trl.py) DeepSeekMath  GRPO as published (Shao et al. 2024)
     DeepSeek-V3.2 the KL term k3 times the ratio pi_theta/pi_old, differentiable
-    NeMo-RL       the KL estimate times exp(log pi - sg(log pi)) (value unchanged, NVIDIA-NeMo/RL#2506);
+    NeMo-RL       the KL estimate times exp(log pi - sg(log pi)) (value unchanged,
+    NVIDIA-NeMo/RL#2506);
                   not installable from the package registry
     slime         --use-kl-loss --use-unbiased-kl: the estimate times exp(log pi - log pi_old),
                   differentiable; not installable from the package registry
@@ -31,16 +33,22 @@ ESTIMATOR = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}   # Schulman's names -
 
 def _verl_docs(kind: str) -> Adapter:
     def loss(logp, old, ref, adv, mask):
-        pg = ppo_clip(logp, old, adv, 0.2, 0.2, dual_c=3.0)                  # actor defaults: 0.2, c = 3
+        # actor defaults: 0.2, c = 3
+        pg = ppo_clip(logp, old, adv, 0.2, 0.2, dual_c=3.0)
         return token_sum_mean(pg + BETA * verl_kl_estimate(logp, ref, kind), mask)
-    return Adapter(f"verl kl_loss_type={kind}", loss, BETA, "verl 0.9.1", False, "token", VERL_NOTE[kind])
+
+    return Adapter(
+        f"verl kl_loss_type={kind}", loss, BETA, "verl 0.9.1", False, "token", VERL_NOTE[kind]
+    )
 
 
 def _trl_docs(bias_correction: bool) -> Adapter:
     def loss(logp, old, ref, adv, mask):
-        kl_tok = k3(logp, ref)                                                # TRL: k3(pi_ref / pi_theta)
+        # TRL: k3(pi_ref / pi_theta)
+        kl_tok = k3(logp, ref)
         if bias_correction:
-            kl_tok = torch.exp(logp - old) * kl_tok                           # times the ratio, differentiable
+            # times the ratio, differentiable
+            kl_tok = torch.exp(logp - old) * kl_tok
         return token_sum_mean(ppo_clip(logp, old, adv, 0.2, 0.2) + BETA * kl_tok, mask)
     name = f"TRL GRPO use_bias_correction_kl={bias_correction}"
     return Adapter(name, loss, BETA, "TRL", False, "token", "k3 per token, PPO clip eps 0.2")
@@ -79,10 +87,18 @@ def _slime(est: str) -> Adapter:
 
 def _k1_reward_per_token() -> Adapter:
     def loss(logp, old, ref, adv, mask):
-        a_tok = adv[:, None] - BETA * (old - ref)                            # R - beta k1_t, no future terms
+        # R - beta k1_t, no future terms
+        a_tok = adv[:, None] - BETA * (old - ref)
         return token_sum_mean(-torch.exp(logp - old) * a_tok, mask)
-    return Adapter("k1 in reward, A_t = R - β k1_t", loss, BETA, "Liu et al. 2025", False, "token",
-                   "per-token importance weight, no clip; the KL reward is not summed over the future")
+    return Adapter(
+        "k1 in reward, A_t = R - β k1_t",
+        loss,
+        BETA,
+        "Liu et al. 2025",
+        False,
+        "token",
+        "per-token importance weight, no clip; the KL reward is not summed over the future",
+    )
 
 
 def docs_adapters() -> list[Adapter]:

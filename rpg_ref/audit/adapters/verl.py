@@ -14,9 +14,16 @@ def _verl_own(kind: str) -> Adapter:
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
     from verl.workers.utils.losses import ppo_loss
 
-    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_kl_loss=True,
-                      kl_loss_type=kind, kl_loss_coef=BETA, loss_agg_mode=AGG,
-                      policy_loss=PolicyLossConfig(loss_mode="vanilla"))
+    cfg = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        use_kl_loss=True,
+        kl_loss_type=kind,
+        kl_loss_coef=BETA,
+        loss_agg_mode=AGG,
+        policy_loss=PolicyLossConfig(loss_mode="vanilla"),
+    )
 
     def loss(logp, old, ref, adv, mask):
         B, H = logp.shape
@@ -30,7 +37,10 @@ def _verl_own(kind: str) -> Adapter:
                            "advantages": adv[:, None].expand(B, H).contiguous()}, batch_size=[B])
         tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=B)
         return ppo_loss(cfg, {"log_probs": packed}, data)[0]
-    return Adapter(f"verl kl_loss_type={kind}", loss, BETA, "verl 0.9.1", True, "token", VERL_NOTE[kind])
+
+    return Adapter(
+        f"verl kl_loss_type={kind}", loss, BETA, "verl 0.9.1", True, "token", VERL_NOTE[kind]
+    )
 
 
 def verl_adapters() -> tuple[list[Adapter], list[str]]:
@@ -38,8 +48,14 @@ def verl_adapters() -> tuple[list[Adapter], list[str]]:
     try:
         import verl
     except ImportError:
-        return [], [("verl is not installed: its own-code rows are left out (the 'from docs' rows stand "
-                     "for them; CI checks they agree in .venv-verl)")]
+        return [], [
+            (
+                "verl is not installed: its own-code rows are left out (the 'from docs' rows stand "
+                "for them; CI checks they agree in .venv-verl)"
+            )
+        ]
     if not verl.__version__.startswith("0.9."):
-        return [], [f"verl {verl.__version__} is installed; the adapters are written for 0.9.x: left out"]
+        return [], [
+            f"verl {verl.__version__} is installed; the adapters are written for 0.9.x: left out"
+        ]
     return [_verl_own(k) for k in VERL_KL_TYPES], []

@@ -1,0 +1,98 @@
+"""The import rules of docs/architecture.md hold: every module of rpg_ref/ sits in one room of its
+table, and imports (at the top or inside a function) only its own room and the rooms that the
+table's "may import" column names."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rpg_ref"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def rooms() -> dict:
+    """{room: (paths under rpg_ref/, rooms it may import or None for any)} from the doc's table."""
+    lines = DOC.read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("| room | files |"))
+    out = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        name, files, _job, may = (c.strip() for c in line.strip("|").split("|"))
+        allowed = (
+            None
+            if may == "any"
+            else {r.strip() for r in may.split(",") if r.strip() not in ("—", "")}
+        )
+        out[name] = (re.findall(r"`([^`]+)`", files), allowed)
+    return out
+
+
+def room_of(module: Path, table: dict) -> str | None:
+    rel = module.relative_to(PACKAGE).as_posix()
+    for name, (paths, _) in table.items():
+        if any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in paths):
+            return name
+    return None
+
+
+def imported_modules(path: Path) -> set:
+    """Every rpg_ref module that ``path`` imports, as a file of the package."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            # the package itself: imported by every import of it
+            if not name.startswith("rpg_ref."):
+                continue
+            base = ROOT.joinpath(*name.split("."))
+            for f in (base.with_suffix(".py"), base / "__init__.py"):
+                if f.is_file():
+                    out.add(f)
+    return out
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_room_table_names_real_files_and_rooms():
+    """Every path in the table exists, and every room a row may import is a row of the table."""
+    table = rooms()
+    assert {"contracts", "core", "trainer", "tasks", "engines", "math", "audit"} <= set(table)
+    for name, (paths, allowed) in table.items():
+        for p in paths:
+            assert (PACKAGE / p).exists(), f"room {name}: rpg_ref/{p} does not exist"
+        assert allowed is None or allowed <= set(table), f"room {name} may import unknown rooms"
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_every_import_follows_the_room_rules(module):
+    table = rooms()
+    room = room_of(module, table)
+    assert room is not None, (f"rpg_ref/{module.relative_to(PACKAGE).as_posix()} is in no room of "
+                              f"docs/architecture.md: add it to the table")
+    allowed = table[room][1]
+    if allowed is None:
+        return
+    bad = []
+    for target in imported_modules(module):
+        other = room_of(target, table)
+        if other != room and other not in allowed:
+            bad.append(f"{target.relative_to(PACKAGE).as_posix()} ({other})")
+    assert not bad, f"{room} may import {sorted(allowed) or 'nothing else'}, but imports {bad}"
+
+
+def test_the_checker_sees_lazy_and_from_imports(tmp_path):
+    """The import reader finds an import inside a function and a `from rpg_ref import x` of a
+    module, so a rule cannot pass because an import hides in a function body."""
+    f = tmp_path / "m.py"
+    f.write_text("def g():\n    from rpg_ref import train\n    import rpg_ref.math.reward\n")
+    assert imported_modules(f) == {PACKAGE / "train.py", PACKAGE / "math" / "reward.py"}
