@@ -164,7 +164,8 @@ def test_run_interrupted_before_its_first_checkpoint_restarts_with_the_same_comm
     """A run stopped (SIGTERM) before its first checkpoint says that nothing is saved yet; the same
     command then starts it again from step 1 (its config.json does not block it) and finishes."""
     out = tmp_path / "run"
-    argv = [*BANDIT, "--steps", "12", "--save-every", "1000", "--out", str(out)]
+    # 400 cheap steps: enough that the run cannot finish between step 2 and the signal
+    argv = [*BANDIT, "--steps", "400", "--save-every", "1000", "--out", str(out)]
     p = _start(argv, tmp_path)
     _wait_for_rows(p, out / "metrics.jsonl", 2)
     p.send_signal(signal.SIGTERM)
@@ -175,7 +176,7 @@ def test_run_interrupted_before_its_first_checkpoint_restarts_with_the_same_comm
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 13))
+    assert steps == list(range(1, 401))
 
 
 # ------------------------------------------------------------------------------------------
