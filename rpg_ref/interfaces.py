@@ -178,7 +178,9 @@ class Engine(Protocol):
     an ``Options`` dataclass (flags ``--<engine>-<field>``, ``cfg.engine_options``).
     ``sampler_logprobs_missing(cfg)`` (a classmethod) says why the engine would return no
     Generation.logprobs under cfg, or None when it returns them (needed by --rollout-correction;
-    an engine without it is taken to return none).
+    an engine without it is taken to return none). ``check_available()`` (an optional
+    staticmethod) raises ValueError when the engine cannot run here (a missing package): the
+    trainer calls it before the task builds anything.
     """
 
     def __init__(self, policy: nn.Module, task: Task, cfg): ...

@@ -238,6 +238,8 @@ def prepare(cfg: Config) -> Run:
     device = D.init(cfg, device)  # under torchrun: join the process group (cuda: cuda:LOCAL_RANK)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    engine_cls = resolve(ENGINES, cfg.engine, "engine")
+    getattr(engine_cls, "check_available", lambda: None)()  # a missing vLLM: before any cache
     seed_everything(cfg.seed)
     task = resolve(TASKS, cfg.task, "task")(cfg, device)
     previous_dtype = torch.get_default_dtype()  # models are built in float32 whatever the caller's
@@ -249,7 +251,7 @@ def prepare(cfg: Config) -> Run:
     # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
     policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
-    engine = resolve(ENGINES, cfg.engine, "engine")(policy, task, cfg)
+    engine = engine_cls(policy, task, cfg)
     policy, ref = D.shard(policy), D.shard(ref)  # FSDP2 under torchrun: 1/world of each per rank
     # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
     params = list(policy.parameters())

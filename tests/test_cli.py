@@ -45,6 +45,18 @@ def test_usage_error_is_two_lines_naming_the_mistake_and_help(argv, capsys):
     assert not Path("runs").exists()
 
 
+def test_missing_vllm_is_one_line_before_anything_is_written(capsys):
+    """`--engine vllm` where vLLM is not installed: exit code 2, one line naming the install, and
+    nothing written (not even the seq task's warm-start cache, which the task builds first)."""
+    import importlib.util
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this environment (its own tests run the engine)")
+    rc, err = _run(["--engine", "vllm", "--steps", "2"], capsys)
+    assert rc == 2 and len(err) == 1, err
+    assert "needs vLLM" in err[0] and "pip install" in err[0]
+    assert not Path("runs").exists()
+
+
 def test_steps_zero_names_the_steps_flag_only(capsys):
     """`--steps 0` is refused naming --steps, and no other field (max_new_tokens) is blamed."""
     rc, err = _run(["--steps", "0"], capsys)

@@ -516,6 +516,11 @@ class VLLMEngine:
     def sampler_logprobs_missing(cls, cfg) -> str | None:
         return None  # SamplingParams(logprobs=0): the sampled token's log-prob, always
 
+    @staticmethod
+    def check_available() -> None:
+        """ValueError (one line: the install command) when vLLM is missing or unsupported."""
+        _import_vllm()
+
     def __init__(self, policy, task, cfg, model_path: str | None = None):
         opt = self.Options(**getattr(cfg, "engine_options", {}))
         vllm, platform = _import_vllm()
