@@ -374,7 +374,7 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     took effect); a run stopped after 2 steps and resumed to 4 ends with the same weights and
     metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm` evaluates the
     export."""
-    from rpg_ref import evaluation
+    from rpg_ref.math import evaluation
 
     full, part = tmp_path / "full", tmp_path / "part"
     assert cli.main(_math_argv(eos_model_dir, full, "--steps", "4", "--save-every", "2")) == 0
