@@ -164,24 +164,21 @@ def ar_setting(seed: int = 0, mu_dist: float = 0.5, last_token_only: bool = Fals
     return theta, old, ref, mu, R
 
 
-def ar_expected_grad(name, level, theta, old_tok, ref_tok, dist_tok, adv, beta, weight=None):
-    """sum_y dist(y) grad [c(y) loss(y)]: one loss call on the 27 responses (agg
-    seq-mean-token-sum),
-    per-row gradients reweighted by dist(y) and chained to the logits table."""
+def _row_token_grads(name, level, theta, old_tok, ref_tok, adv, beta, weight=None):
+    """(theta as a leaf, token log-probs [27, 3], d loss / d token log-prob [27, 3]): one loss call
+    on the 27 responses (agg seq-mean-token-sum), per-row gradients (derivations._core.row_grads)."""
     th = theta.detach().clone().requires_grad_(True)
     tok = token_logp(th)  # [27, 3]
-    dl = row_grads(
-        get_loss(name),
-        tok,
-        old_tok,
-        adv,
-        torch.ones_like(tok),
-        beta=beta,
-        ref_logp=ref_tok,
-        level=level,
-        agg="seq-mean-token-sum",
-        sample_weight=weight,
-    )  # [27, 3]
+    dl = row_grads(get_loss(name), tok, old_tok, adv, torch.ones_like(tok), beta=beta,
+                   ref_logp=ref_tok, level=level, agg="seq-mean-token-sum",
+                   sample_weight=weight)  # [27, 3]
+    return th, tok, dl
+
+
+def ar_expected_grad(name, level, theta, old_tok, ref_tok, dist_tok, adv, beta, weight=None):
+    """sum_y dist(y) grad [c(y) loss(y)]: the per-row gradients reweighted by dist(y) and chained
+    to the logits table."""
+    th, tok, dl = _row_token_grads(name, level, theta, old_tok, ref_tok, adv, beta, weight)
     (g,) = torch.autograd.grad((dist_tok.sum(1).exp()[:, None] * dl * tok).sum(), th)
     return g.reshape(-1)
 
@@ -190,20 +187,7 @@ def ar_token_bias(name, theta, old_tok, ref_tok, mu_tok, adv, beta, prefix_only:
     """B = E_mu[sum_t r_t (1 - prod_{s != t} r_s) grad l_t] (prefix_only: prod over s < t), from
     the unweighted token-level loss's per-token gradients (token t's term depends on log pi(y_t)
     only)."""
-    th = theta.detach().clone().requires_grad_(True)
-    tok = token_logp(th)
-    dl = row_grads(
-        get_loss(name),
-        tok,
-        old_tok,
-        adv,
-        torch.ones_like(tok),
-        beta=beta,
-        ref_logp=ref_tok,
-        # [27, 3] unweighted
-        level="token",
-        agg="seq-mean-token-sum",
-    )
+    th, tok, dl = _row_token_grads(name, "token", theta, old_tok, ref_tok, adv, beta)  # unweighted
     log_r = old_tok - mu_tok                                                      # [27, 3]
     others = log_r.cumsum(1) - log_r if prefix_only else log_r.sum(1, keepdim=True) - log_r
     coef = mu_tok.sum(1).exp()[:, None] * log_r.exp() * (1 - others.exp())      # [27, 3]
