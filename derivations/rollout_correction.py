@@ -165,8 +165,8 @@ def ar_setting(seed: int = 0, mu_dist: float = 0.5, last_token_only: bool = Fals
 
 
 def _row_token_grads(name, level, theta, old_tok, ref_tok, adv, beta, weight=None):
-    """(theta as a leaf, token log-probs [27, 3], d loss / d token log-prob [27, 3]): one loss call
-    on the 27 responses (agg seq-mean-token-sum), per-row gradients (derivations._core.row_grads)."""
+    """(theta as a leaf, token log-probs [27, 3], d loss / d token log-prob [27, 3]): one loss
+    call on the 27 responses (agg seq-mean-token-sum), per-row gradients (_core.row_grads)."""
     th = theta.detach().clone().requires_grad_(True)
     tok = token_logp(th)  # [27, 3]
     dl = row_grads(get_loss(name), tok, old_tok, adv, torch.ones_like(tok), beta=beta,
