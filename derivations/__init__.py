@@ -1,6 +1,7 @@
 """derivations: every claim of the RPG paper checked symbolically (sympy), exactly (float64
-enumeration through rpg_ref.losses) and statistically (Monte Carlo); its results tables checked for
-consistency with themselves and with the text (tables.py, on the transcription in paper_tables.py).
+enumeration through rpg_ref.core.losses) and statistically (Monte Carlo); its results tables checked
+for consistency with themselves and with the text (tables.py, on the transcription in
+paper_tables.py).
 
     python -m derivations [--fast] [--json FILE]     (also: rpg-verify)
 

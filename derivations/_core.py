@@ -3,7 +3,7 @@
 * the claim registry and the result row {id, label, claim, symbolic, exact_max_err, mc_max_z,
   passed, seconds} (plus ``status`` and ``detail``);
 * ``Checker``: collects the three kinds of evidence for one claim;
-* exact enumeration *through rpg_ref.losses*: every outcome x of a K-outcome softmax is one
+* exact enumeration *through rpg_ref.core.losses*: every outcome x of a K-outcome softmax is one
   token; the loss is called once on a [K, 1] batch holding every outcome, the per-outcome
   gradients are read off that call, and an expectation over the (possibly unnormalized)
   measure pi_old is the sum  sum_x pi_old(x) * grad loss(x);
@@ -248,7 +248,7 @@ ASSUMPTIONS = ("K=3 softmax, theta real (a=exp(theta)>0), pi_old an arbitrary po
 
 
 # ---------------------------------------------------------------------------
-# exact enumeration and Monte Carlo through rpg_ref.losses
+# exact enumeration and Monte Carlo through rpg_ref.core.losses
 # ---------------------------------------------------------------------------
 
 def unit_losses(fn, logp_all: Tensor, old_logp_all: Tensor, adv_all: Tensor, *, beta: float,

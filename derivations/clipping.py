@@ -24,7 +24,7 @@ import math
 import sympy as sp
 import torch
 
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 from . import paper
 from ._core import (

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sympy as sp
 import torch
 
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 from . import paper
 from ._core import (
@@ -59,7 +59,7 @@ def divergence_grads(logits, ref_logp) -> dict:
 
 def kl_term_grad(name: str, logits, old_logp, ref_logp):
     """Exact E_old[grad of the KL term] of loss ``name`` (grpo / grpo-corrected) through
-    rpg_ref.losses with advantages 0 and beta 1 (the PPO part then has zero gradient)."""
+    rpg_ref.core.losses with advantages 0 and beta 1 (the PPO part then has zero gradient)."""
     zero = torch.zeros_like(logits)
     return expected_loss_grad(get_loss(name), logits, old_logp, zero, beta=1.0, ref_logp=ref_logp)
 

@@ -15,7 +15,7 @@ import math
 import sympy as sp
 import torch
 
-from rpg_ref import kl as rkl
+from rpg_ref.core import kl as rkl
 
 from . import paper
 from ._core import DTYPE, Checker, claim, mc_n
@@ -47,7 +47,7 @@ def check_remark_k3_connection_main(ck: Checker, fast: bool) -> None:
     ck.symbolic("reverse E_theta[k3(old/theta)] - UKL(theta||old)", rev)
     ck.note("symbolic: K=3, p, o arbitrary positive measures (both unnormalized)")
 
-    # exact (K=6, float64) through rpg_ref.kl.k3 / rpg_ref.kl.ukl against the definitions
+    # exact (K=6, float64) through rpg_ref.core.kl.k3 / rpg_ref.core.kl.ukl against the definitions
     g = torch.Generator().manual_seed(3)
     K = 6
     lp = torch.randn(K, generator=g, dtype=DTYPE) + math.log(0.8)      # pi_theta, mass ~0.8*K
@@ -63,8 +63,8 @@ def check_remark_k3_connection_main(ck: Checker, fast: bool) -> None:
     e_rev = (lp.exp() * rkl.k3(lo - lp)).sum()
     ck.exact("forward: sum pi_old k3 == UKL(old||theta) (definition)", e_fwd, ukl_fwd)
     ck.exact("reverse: sum pi_theta k3 == UKL(theta||old) (definition)", e_rev, ukl_rev)
-    ck.exact("rpg_ref.kl.ukl(old, theta) == definition", rkl.ukl(lo, lp), ukl_fwd)
-    ck.exact("rpg_ref.kl.ukl(theta, old) == definition", rkl.ukl(lp, lo), ukl_rev)
+    ck.exact("rpg_ref.core.kl.ukl(old, theta) == definition", rkl.ukl(lo, lp), ukl_fwd)
+    ck.exact("rpg_ref.core.kl.ukl(theta, old) == definition", rkl.ukl(lp, lo), ukl_rev)
 
     # Monte Carlo: x ~ q / Z_q, Z_q * mean k3
     n = mc_n(fast, scalar=True)

@@ -8,8 +8,8 @@ For a softmax, F = diag(p) - p p^T is singular (F 1 = 0: shifting all logits cha
 so F^{-1} does not exist; we use the pseudo-inverse F^+, which gives the minimum-norm maximizer
 (every maximizer differs from it by a multiple of 1). Numerically: the exact maximizer of
 J(theta) - beta KL(pi_k || pi_theta) (Newton's method on the closed form; that the expected
-rpg-fkl loss of rpg_ref.losses is stationary there is checked), satisfies beta * dtheta* -> F^+ grad
-J as beta grows, with error O(1/beta).
+rpg-fkl loss of rpg_ref.core.losses is stationary there is checked), satisfies beta * dtheta* -> F^+
+grad J as beta grows, with error O(1/beta).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import itertools
 import sympy as sp
 import torch
 
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 from ._core import DTYPE, Checker, SymSoftmax, claim, cosine, expected_loss_grad, mc_n, rel_err
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from rpg_ref import exact as rexact
-from rpg_ref.losses import get_loss
+from rpg_ref.core import exact as rexact
+from rpg_ref.core.losses import get_loss
 
 from . import paper
 from ._core import (
@@ -113,10 +113,10 @@ def _check_form(ck: Checker, div: str, fast: bool, reinforce: bool) -> None:
             ck.exact(f"{tag}: rpg_ref {name} E_old[grad loss] == -grad J", g_lib, -gJ)
             if seed == 2:
                 check_row_separability(ck, fn, P.logits, P.old_logp, P.R, beta=P.beta)
-                # rpg_ref.exact (used by the library's own tests) agrees with these oracles
-                ck.exact(f"{tag}: rpg_ref.exact.objective_grad == grad J (definitions)",
+                # rpg_ref.core.exact (used by the library's own tests) agrees with these oracles
+                ck.exact(f"{tag}: rpg_ref.core.exact.objective_grad == grad J (definitions)",
                          rexact.objective_grad(div, P.logits, P.R, P.beta, P.old_logp), gJ)
-                ck.exact(f"{tag}: rpg_ref.exact.expected_loss_grad == batched enumeration",
+                ck.exact(f"{tag}: rpg_ref.core.exact.expected_loss_grad == batched enumeration",
                          rexact.expected_loss_grad(name, P.logits, P.old_logp, P.R, P.beta), g_lib)
 
     # Monte Carlo through the library loss, off-policy, unnormalized pi_old

@@ -1,5 +1,5 @@
 """The paper's formulas, transcribed literally, for checking (not for training: the losses used
-by rpg-ref live only in rpg_ref/losses.py).
+by rpg-ref live only in rpg_ref/core/losses.py).
 
 Every expression is a plain function of the per-sample quantities
 

@@ -2,9 +2,10 @@
 
 The paper's identities hold for samples from pi_old: E_old[grad L] = -grad J. A trainer recomputes
 log pi_old itself but takes its samples from an engine whose distribution mu may differ (bf16 vLLM
-vs an fp32 trainer). rpg_ref.rollout_correction weights each sample's loss by r = pi_old / mu
-(capped or masked above C); the losses take the weight as ``sample_weight``. Checked here, through
-rpg_ref.losses and rpg_ref.rollout_correction, by float64 enumeration (1e-10) and Monte Carlo:
+vs an fp32 trainer). rpg_ref.trainer.rollout_correction weights each sample's loss by r = pi_old /
+mu (capped or masked above C); the losses take the weight as ``sample_weight``. Checked here,
+through rpg_ref.core.losses and rpg_ref.trainer.rollout_correction, by float64 enumeration (1e-10)
+and Monte Carlo:
 
   (exact)  no cap, one weight per sample: E_mu[r grad L] = E_old[grad L], so = -grad J for every
            rpg loss. A sample is one outcome of a K = 6 softmax (pi_old of mass Z_old = 1.3,
@@ -30,8 +31,8 @@ import math
 
 import torch
 
-from rpg_ref.losses import get_loss
-from rpg_ref.rollout_correction import importance_weights
+from rpg_ref.core.losses import get_loss
+from rpg_ref.trainer.rollout_correction import importance_weights
 
 from . import paper
 from ._core import DTYPE, Checker, claim, jac, make_problem, mc_n, rel_err, row_grads

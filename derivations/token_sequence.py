@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from rpg_ref.exact import Autoregressive
-from rpg_ref.losses import get_loss
+from rpg_ref.core.exact import Autoregressive
+from rpg_ref.core.losses import get_loss
 
 from . import paper
 from ._core import DTYPE, Checker, claim, cosine, mc_n, rel_err, row_grads

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 from . import paper
 from ._core import ASSUMPTIONS, DTYPE, Checker, SymSoftmax, claim, expected_loss_grad, mc_n

@@ -39,7 +39,7 @@
 # unbiased estimate of the ordinary KL. Here $\mathbb{E}_{x\sim q}[f]$ means $\sum_x q(x) f(x)$,
 # which for an unnormalized $q$ is $Z_q$ times an expectation under $q/Z_q$.
 #
-# Everything below calls `rpg_ref.kl` (the estimators and divergences), `paper_figs` (the
+# Everything below calls `rpg_ref.core.kl` (the estimators and divergences), `paper_figs` (the
 # figure's numbers) and `derivations` (the same claim checked symbolically, exactly and by Monte
 # Carlo).
 
@@ -52,11 +52,11 @@ torch.set_default_dtype(torch.float64)  # the checks below are exact up to float
 # %% [markdown]
 # ## Two unnormalized measures
 #
-# `rpg_ref.kl.k3(log_ratio)` takes $\log r = \log p(x) - \log q(x)$; `rpg_ref.kl.ukl(logp, logq)`
-# is $\mathrm{UKL}(p\|q)$ and `rpg_ref.kl.kl` the ordinary sum $\sum p \log(p/q)$.
+# `rpg_ref.core.kl.k3(log_ratio)` takes $\log r = \log p(x) - \log q(x)$; `rpg_ref.core.kl.ukl(logp,
+# logq)` is $\mathrm{UKL}(p\|q)$ and `rpg_ref.core.kl.kl` the ordinary sum $\sum p \log(p/q)$.
 
 # %%
-from rpg_ref import kl
+from rpg_ref.core import kl
 
 g = torch.Generator().manual_seed(0)
 log_q = torch.randn(5, generator=g) + np.log(0.3)  # q: mass ~ 0.3 * 5
@@ -88,7 +88,7 @@ print(f"KL(q||p)  = {kl.kl(lq, lp):.12f}")
 # low variance but a bias that grows with the KL; $k_3$ has both: no bias and low variance near
 # $p = q$. At large KL $k_3$'s spread grows fastest ($e^{\mu^2} - 1 - \mu^2$), the price of the
 # exponential. `paper_figs.kl_estimators` computes these numbers by Monte Carlo (fixed seed)
-# through `rpg_ref.kl` and exactly by enumeration for a categorical family.
+# through `rpg_ref.core.kl` and exactly by enumeration for a categorical family.
 
 # %%
 from paper_figs import kl_estimators

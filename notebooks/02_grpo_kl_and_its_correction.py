@@ -59,7 +59,7 @@ torch.set_default_dtype(torch.float64)  # the exact gradients below are compared
 # ## Exact gradients, through the library's own losses
 #
 # `derivations.grpo_kl.kl_term_grad(name, logits, old_logp, ref_logp)` enumerates every outcome of a
-# 6-outcome softmax and differentiates `rpg_ref.losses.get_loss(name)` with advantages 0 and
+# 6-outcome softmax and differentiates `rpg_ref.core.losses.get_loss(name)` with advantages 0 and
 # $\beta = 1$ (so only the KL term has a gradient). `divergence_grads` differentiates the candidate
 # divergences from their definitions.
 
@@ -124,7 +124,7 @@ grpo_kl_error.plot_grpo_kl_error(data)
 # through the library losses once, shows the same thing in the way a trainer sees it.
 
 # %%
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 th = th_old + 0.7 * torch.randn(6, generator=torch.Generator().manual_seed(5))
 N = 200_000

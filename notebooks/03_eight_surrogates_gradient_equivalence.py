@@ -42,9 +42,9 @@
 # The claim (the four `prop:policy_gradient_*` and `prop:equiv_rf_fd`): all eight have
 # $\nabla\mathcal L = -\nabla J$.
 #
-# `rpg_ref.losses` implements the eight (`rpg-{fkl,rkl,ufkl,urkl}`, `rpg-reinforce-{...}`);
-# `rpg_ref.exact` sums a loss over every outcome of a softmax policy weighted by $\pi_{old}$ (an
-# exact expectation) and differentiates $J$ from its definition.
+# `rpg_ref.core.losses` implements the eight (`rpg-{fkl,rkl,ufkl,urkl}`, `rpg-reinforce-{...}`);
+# `rpg_ref.core.exact` sums a loss over every outcome of a softmax policy weighted by $\pi_{old}$
+# (an exact expectation) and differentiates $J$ from its definition.
 
 # %%
 import os
@@ -57,7 +57,7 @@ CI = os.environ.get("RPG_NOTEBOOK_CI") == "1"  # the test suite sets this: fewer
 # %%
 import math
 
-from rpg_ref import exact
+from rpg_ref.core import exact
 
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 NAMES = [f"rpg-{d}" for d in DIVERGENCES] + [f"rpg-reinforce-{d}" for d in DIVERGENCES]
@@ -89,7 +89,7 @@ for name in NAMES:
 # So the two families differ only once clipping enters (notebook 4).
 
 # %%
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 N = 8
 old = -torch.rand(N, 1, generator=g) * 2                    # log pi_old of N sampled tokens

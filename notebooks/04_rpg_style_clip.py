@@ -135,7 +135,7 @@ display(Markdown("\n".join(table)))
 # are different functions of $w$ when $\beta > 0$.
 
 # %%
-from rpg_ref import exact
+from rpg_ref.core import exact
 
 g = torch.Generator().manual_seed(0)
 th_old = torch.randn(6, generator=g)

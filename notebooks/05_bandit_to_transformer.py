@@ -24,7 +24,7 @@
 # **Paper labels.** `sec:experiments`, `alg:offpolicy_rpg_rf_ppo_dualclip_v1` (its outer loop),
 # `subsec:kl_regularization_main`, `fig:main_8k`, `tab:main_table_4k`.
 #
-# `rpg_ref.train` (`rpg-train`) runs the paper's loop (`sec:experiments`, the outer loop of
+# `rpg_ref.trainer.train` (`rpg-train`) runs the paper's loop (`sec:experiments`, the outer loop of
 # Algorithm `alg:offpolicy_rpg_rf_ppo_dualclip_v1`):
 #
 #     for step: sample a batch with pi_old (= the current policy), score it, compute advantages,
@@ -53,7 +53,7 @@ from IPython.display import Markdown, display
 
 from paper_figs import show, training
 from rpg_ref.cli import parse_config  # command-line arguments -> a validated Config
-from rpg_ref.train import train  # the loop: Config -> a run (metrics, checkpoints, summary)
+from rpg_ref.trainer.train import train  # the loop: Config -> a run (metrics, checkpoints, summary)
 
 CI = os.environ.get("RPG_NOTEBOOK_CI") == "1"  # the test suite sets this: shorter training runs
 RUN_DIR = Path(tempfile.mkdtemp(prefix="rpg-nb5-"))  # the runs' logs and checkpoints

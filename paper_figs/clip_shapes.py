@@ -3,7 +3,7 @@ fig:ppo_dualclip_loss_vis and fig:offpolicy_rpg_rf_ppo_dualclip_v1), computed, n
 
 Each grid point is one sample x with ell = -log pi_theta(x) = 1 and w = pi_theta(x)/pi_old(x)
 on the grid, i.e. logp = -1 and old_logp = -1 - log w. The loss value and its autograd
-gradient d L / d log pi_theta(x) come from ``rpg_ref.losses`` (B = T = 1 per point); a point is
+gradient d L / d log pi_theta(x) come from ``rpg_ref.core.losses`` (B = T = 1 per point); a point is
 drawn solid when that gradient is non-zero and dotted when it is exactly zero.
 
 fig:ppo_dualclip_loss_vis (Algorithm alg:offpolicy_rpg_ppo_dualclip, fully differentiable):
@@ -40,7 +40,7 @@ import math
 import numpy as np
 import torch
 
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 from ._common import draw_masked, plt, save
 

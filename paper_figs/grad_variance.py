@@ -1,5 +1,5 @@
 """Gradient variance of the normalized vs unnormalized estimators (app:normalized_kl) by Monte
-Carlo through rpg_ref.losses -- a figure the paper lacks.
+Carlo through rpg_ref.core.losses -- a figure the paper lacks.
 
 For a normalized policy, FKL and UFKL (and RKL and URKL) have the same expected gradient, but
 their per-sample estimators differ by beta * w * grad log pi_theta (mean zero, not variance zero).
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rpg_ref.losses import get_loss
+from rpg_ref.core.losses import get_loss
 
 from ._common import plt, save
 

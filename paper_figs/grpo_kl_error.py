@@ -10,8 +10,8 @@ theta = theta_old + t d (d a fixed random unit direction) we plot
 GRPO's setting of a fixed reference pi_ref != pi_old.
 
 The numbers come from ``derivations.grpo_kl.error_curve`` (exact enumeration through
-rpg_ref.losses). When the derivations package cannot be imported, the same curve is computed
-here with ``rpg_ref.exact`` (same construction, same seed) and ``source`` says so.
+rpg_ref.core.losses). When the derivations package cannot be imported, the same curve is computed
+here with ``rpg_ref.core.exact`` (same construction, same seed) and ``source`` says so.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rpg_ref import exact
+from rpg_ref.core import exact
 
 from ._common import plt, save
 
@@ -30,7 +30,7 @@ SETTINGS = (("pi_ref = pi_old (RPG, iterative reference)", None),
 
 
 def _error_curve_exact(distances, K=6, seed=0, ref_dist=0.8) -> list[dict]:
-    """The rows of derivations.grpo_kl.error_curve, computed with rpg_ref.exact."""
+    """The rows of derivations.grpo_kl.error_curve, computed with rpg_ref.core.exact."""
     g = torch.Generator().manual_seed(seed)
     th_old = torch.randn(K, generator=g, dtype=DTYPE)
     d = torch.randn(K, generator=g, dtype=DTYPE)
@@ -66,7 +66,7 @@ def _error_curve(distances, ref_dist):
     try:
         from derivations.grpo_kl import error_curve
     except ImportError:
-        return _error_curve_exact(distances, ref_dist=ref_dist), "paper_figs (rpg_ref.exact)"
+        return _error_curve_exact(distances, ref_dist=ref_dist), "paper_figs (rpg_ref.core.exact)"
     return error_curve(distances=distances, ref_dist=ref_dist), "derivations.grpo_kl.error_curve"
 
 

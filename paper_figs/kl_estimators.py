@@ -1,4 +1,4 @@
-"""Bias and spread of Schulman's KL estimators k1, k2, k3 (rpg_ref.kl) -- a figure the paper
+"""Bias and spread of Schulman's KL estimators k1, k2, k3 (rpg_ref.core.kl) -- a figure the paper
 lacks, behind remark:k3_connection_main and subsec:grpo_main.
 
 x ~ q and r = p(x)/q(x); the sample mean of k_i(log r) estimates KL(q || p):
@@ -6,7 +6,7 @@ x ~ q and r = p(x)/q(x); the sample mean of k_i(log r) estimates KL(q || p):
     k3 = r - 1 - log r (unbiased for normalized p, q; >= 0).
 
 Gaussian (as in Schulman's note): q = N(0, 1), p = N(mu, 1), KL(q||p) = mu^2 / 2; Monte Carlo
-with a fixed seed, values from rpg_ref.kl. Categorical: q = pi_old = softmax(theta_old),
+with a fixed seed, values from rpg_ref.core.kl. Categorical: q = pi_old = softmax(theta_old),
 p = pi_theta = softmax(theta_old + t d); exact means and standard deviations by enumeration.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rpg_ref import kl as K
+from rpg_ref.core import kl as K
 
 from ._common import plt, save
 
@@ -46,7 +46,7 @@ def gaussian_data(
 
 def categorical_data(ts=None, K_: int = 10, seed: int = 0) -> dict:
     """Exact E_q[k_i] and Std_q[k_i] for q = pi_old, p = softmax(theta_old + t d), by enumeration,
-    and the exact KL(q || p) from rpg_ref.kl.kl."""
+    and the exact KL(q || p) from rpg_ref.core.kl.kl."""
     ts = np.geomspace(0.05, 4.0, 24) if ts is None else np.asarray(ts, float)
     g = torch.Generator().manual_seed(seed)
     th_old = torch.randn(K_, generator=g, dtype=DTYPE)

@@ -369,7 +369,7 @@ def bandit_markdown(t: dict) -> str:
             "pi_ref, hence its own optimum. TV = total-variation distance between the final "
             "policy and "
             "the analytic argmax of E_p[R] - beta D(p, pi_ref) "
-            "(rpg_ref.train.kl_regularized_optimum)."
+            "(rpg_ref.trainer.train.kl_regularized_optimum)."
         ),
     ]
     return "\n".join(lines) + "\n"

@@ -1,11 +1,11 @@
-"""rpg-train's command line: flags -> a validated Config -> rpg_ref.train.train.
+"""rpg-train's command line: flags -> a validated Config -> rpg_ref.trainer.train.train.
 
     rpg-train [--preset NAME] [--<field> VALUE ...] [--<task>-<option> VALUE ...]
     rpg-train --resume OUT [--steps N]
 
-The flags are generated from the Config dataclass (rpg_ref/config.py) and from every registered
-task's and engine's ``Options`` dataclass, so ``--help`` is always the dataclasses' own text.
-A bad configuration is one line on stderr and exit code 2, before anything is written; a usage
+The flags are generated from the Config dataclass (rpg_ref/trainer/config.py) and from every
+registered task's and engine's ``Options`` dataclass, so ``--help`` is always the dataclasses' own
+text. A bad configuration is one line on stderr and exit code 2, before anything is written; a usage
 error (unknown flag, bad value) two lines. Ctrl-C (SIGINT) or SIGTERM ends a run with one line
 naming the step reached, what is saved and the --resume command, exit code 130 / 143.
 """
@@ -27,13 +27,20 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import rpg_ref.losses as L
-from rpg_ref import distributed as D
-from rpg_ref.checkpoint import latest_step
-from rpg_ref.config import DEFAULT_PRESET, PRESETS, Config, fill_options, preset_for, validate
+import rpg_ref.core.losses as L
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import loads
-from rpg_ref.train import finished, prepare, train
+from rpg_ref.trainer import distributed as D
+from rpg_ref.trainer.checkpoint import latest_step
+from rpg_ref.trainer.config import (
+    DEFAULT_PRESET,
+    PRESETS,
+    Config,
+    fill_options,
+    preset_for,
+    validate,
+)
+from rpg_ref.trainer.train import finished, prepare, train
 
 RESUME_CHANGEABLE = (
     "steps",
@@ -100,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
         formatter_class=_Formatter,
-        description=f"Train with the RPG paper's losses (rpg_ref/train.py). The defaults shown are "
-        f"what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or --task "
-        f"NAME) starts from another preset's values ({', '.join(PRESETS)}). "
+        description=f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults "
+        f"shown are what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or "
+        f"--task NAME) starts from another preset's values ({', '.join(PRESETS)}). "
         f"--algo is one of: {', '.join(L.LOSSES)}.",
     )
     hints, preset = typing.get_type_hints(Config), PRESETS[DEFAULT_PRESET]

@@ -1,4 +1,4 @@
-"""A one-screen tour of rpg_ref.losses: every loss, its exact expected gradient vs -grad J.
+"""A one-screen tour of rpg_ref.core.losses: every loss, its exact expected gradient vs -grad J.
 
     rpg-demo            (python -m rpg_ref.demo)
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rpg_ref import exact, losses
+from rpg_ref.core import exact, losses
 
 
 def main() -> None:

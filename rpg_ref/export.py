@@ -23,8 +23,8 @@ def export_checkpoint(out: str | Path, dest: str | Path | None = None) -> Path:
     checkpoint in ``dest`` (default OUT/hf). Rebuilds the policy from OUT/config.json."""
     from safetensors.torch import load_model
 
-    from rpg_ref.config import Config
     from rpg_ref.strict_json import loads
+    from rpg_ref.trainer.config import Config
 
     out = Path(out)
     latest = out / "checkpoints" / "LATEST"

@@ -48,7 +48,7 @@ class Batch:
     old_logp: Tensor | None = None  # [N, T] log pi_old: the only copy of pi_old
     ref_logp: Tensor | None = None  # [N, T] log pi_ref (--ref init only)
     adv: Tensor | None = None  # [N] or [N, T]
-    # [N, T] or [N] pi_old / pi_sampler (rpg_ref.rollout_correction)
+    # [N, T] or [N] pi_old / pi_sampler (rpg_ref.trainer.rollout_correction)
     rollout_weight: Tensor | None = None
 
     @property
@@ -146,8 +146,8 @@ class Task(Protocol):
         logits_to_keep).logits.
 
         Optional, for speed: a plain Hugging Face causal LM, or a wrapper with ``lm_parts()``
-        (rpg_ref.logprobs), gets its log-probs with the LM head applied in chunks; a wrapper that
-        exposes the HF model as ``.module`` and computes under bf16 autocast (``.autocast``) is
+        (rpg_ref.models.logprobs), gets its log-probs with the LM head applied in chunks; a wrapper
+        that exposes the HF model as ``.module`` and computes under bf16 autocast (``.autocast``) is
         sampled by the hf engine from a bf16 copy of its weights."""
 
     def sample_prompts(self, n: int, gen: torch.Generator) -> list[Prompt]:

@@ -201,8 +201,8 @@ def prepare(s: dict, out: Path) -> tuple[Path, Path]:
 
 
 def run_ours(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
-    from rpg_ref import train
     from rpg_ref.cli import parse_config
+    from rpg_ref.trainer import train
 
     train.save_checkpoint = lambda *a, **k: None  # not what is measured
     train.train(parse_config(ours_argv(s, out / "ours", model_dir, problems)))

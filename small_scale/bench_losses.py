@@ -7,9 +7,9 @@ a min, a masked mean, written as people usually write it (eager PyTorch, autogra
 timed with its clipping on (the setting people train with), its input checks and all its
 statistics, in three modes:
   fused      the default at this size (RPG_REF_COMPILE=auto, forced here with =1): the kernel
-             of rpg_ref.losses_fused fused by torch.compile (its first call compiles, untimed)
+             of rpg_ref.core.losses_fused fused by torch.compile (its first call compiles, untimed)
   eager      RPG_REF_COMPILE=0: the same kernel run op by op, gradients in closed form
-  reference  impl="reference": the formulas of rpg_ref.losses differentiated by autograd
+  reference  impl="reference": the formulas of rpg_ref.core.losses differentiated by autograd
 The printed ratio is median(loss) / median(floor); per loss, the floor and every mode are timed
 in turn, call by call, so that load on a shared machine hits them alike.
 """
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-import rpg_ref.losses as L
+import rpg_ref.core.losses as L
 
 
 def ppo_clip_floor(logp, old_logp, advantages, mask, eps_low: float = 0.2, eps_high: float = 0.2):

@@ -104,7 +104,7 @@ def run_ours(out: Path, steps: int) -> dict:
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (same library baseline as TRL's)
 
     from rpg_ref.cli import parse_config
-    from rpg_ref.train import train
+    from rpg_ref.trainer.train import train
 
     rss_imports = rss_mb()
     c = COMMON

@@ -212,8 +212,8 @@ def resolve_mode(args) -> None:
 
 def run_one(name: str, args, result_file: Path) -> None:
     """Child process: train one model (checkpoints off) and write its numbers to result_file."""
-    from rpg_ref import train
     from rpg_ref.cli import parse_config
+    from rpg_ref.trainer import train
 
     train.save_checkpoint = lambda *a, **k: None  # benchmark: no 16-48 GB checkpoint writes
     with tempfile.TemporaryDirectory(prefix=f"gpu-bench-{name}-") as tmp:

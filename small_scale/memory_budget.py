@@ -13,19 +13,19 @@ prints, for each response length, what is resident on the GPU in the two phases 
       fp32 master weights 4 B/param + fp32 grads 4 B/param + AdamW m, v fp32 8 B/param
       (or 8-bit AdamW: 2 B/param), bf16 autocast compute, gradient checkpointing per layer,
       micro-batch of 1 sequence, and the LM head applied to chunks of response tokens as
-      rpg_ref.logprobs does (--logit-chunk, default its automatic size; --unchunked: the whole
-      response at once, as the trainer did before chunking);
+      rpg_ref.models.logprobs does (--logit-chunk, default its automatic size; --unchunked: the
+      whole response at once, as the trainer did before chunking);
   rollout (the trainer's gradients are freed)
       vllm: vLLM's bf16 weights + KV cache, the trainer's state either on the GPU or moved to
       pinned CPU memory; hf: the trainer's state stays, plus the engine's bf16 copy and a static
       KV cache for as many sequences as fit.
 
---ranks N: per GPU of an N-rank torchrun run (rpg_ref/distributed.py, FSDP2): weights, gradients
-and AdamW state are 1/N each; during the update the root unit (embeddings = tied head, final norm)
-stays unsharded from forward to backward with its gradient, and a decoder layer is all-gathered at
-a time (plus FSDP's prefetch of the next, plus one layer's unsharded gradient); during the rollout
-and the log-prob passes the whole fp32 policy is gathered on every rank (so ranks can sample
-different lengths), next to the engine.
+--ranks N: per GPU of an N-rank torchrun run (rpg_ref/trainer/distributed.py, FSDP2): weights,
+gradients and AdamW state are 1/N each; during the update the root unit (embeddings = tied head,
+final norm) stays unsharded from forward to backward with its gradient, and a decoder layer is
+all-gathered at a time (plus FSDP's prefetch of the next, plus one layer's unsharded gradient);
+during the rollout and the log-prob passes the whole fp32 policy is gathered on every rank (so ranks
+can sample different lengths), next to the engine.
 
 Why fp32 master weights: bf16 keeps 8 significant bits, so a weight of magnitude 0.02 sits on a
 grid of spacing 2^-6 * 2^-8 ~ 6e-5 and an AdamW step of lr = 1e-6 is rounded away; the script
@@ -65,7 +65,7 @@ def kv_bytes_per_token(c: dict, dtype_bytes: int = 2) -> int:
 # bytes per element of a [tokens, vocab] block of logits at the peak of its backward pass, bf16
 # autocast: the bf16 logits (2) and their fp32 copy (4), then softmax (4), the log-sum-exp and
 # gather gradients (4 + 4) and their sum (4), cast to bf16 for the matrix product (2). An upper
-# count (not all are alive at once), the same for one chunk (rpg_ref.logprobs) as for a whole
+# count (not all are alive at once), the same for one chunk (rpg_ref.models.logprobs) as for a whole
 # response (the trainer before chunking). Calibration: the issue-11 H100 run of that earlier
 # trainer (Qwen3-4B, 1,024-token responses, ~123-token prompts, micro-batch 1, hf engine)
 # peaked at 68.6 GiB; this script gives 68.8 GiB for it (--engine hf --unchunked
@@ -77,8 +77,8 @@ HEAD_WEIGHT_BYTES = 8
 
 
 def auto_logit_chunk(c: dict) -> int:
-    """The trainer's automatic chunk (rpg_ref.logprobs.AUTO_CHUNK_BYTES of fp32 logits)."""
-    from rpg_ref.logprobs import AUTO_CHUNK_BYTES
+    """The trainer's automatic chunk (rpg_ref.models.logprobs.AUTO_CHUNK_BYTES of fp32 logits)."""
+    from rpg_ref.models.logprobs import AUTO_CHUNK_BYTES
 
     return max(1, AUTO_CHUNK_BYTES // (4 * c["vocab_size"]))
 
@@ -122,7 +122,7 @@ def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int
     shard = "" if ranks == 1 else f" (1/{ranks} shard)"
     train = {f"fp32 master weights{shard}": 4 * n / ranks, f"fp32 gradients{shard}": 4 * n / ranks,
              f"AdamW m,v ({adam_bytes} B/param){shard}": adam_bytes * n / ranks}
-    if ranks > 1:  # FSDP2 units (rpg_ref.distributed.shard)
+    if ranks > 1:  # FSDP2 units (rpg_ref.trainer.distributed.shard)
         root = parts["embed"] + parts["lm_head"] + parts["final_norm"]
         layer = parts["layers"] / c["num_hidden_layers"]
         train["FSDP root unit unsharded fp32 + its gradient"] = 8 * root
@@ -133,7 +133,8 @@ def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int
     train["CUDA context + allocator slack"] = reserve_gib * GiB
     kv_tok = kv_bytes_per_token(c)
     out = {"params": n, "seq": seq, "train": train, "train_total": sum(train.values())}
-    gathered = 0 if ranks == 1 else 4 * n  # rpg_ref.distributed.gathered: the full fp32 policy
+    # rpg_ref.trainer.distributed.gathered: the full fp32 policy
+    gathered = 0 if ranks == 1 else 4 * n
     if engine == "hf":  # the trainer's weights and AdamW state stay; gradients were freed
         resident = (4 + adam_bytes) * n / ranks + gathered
         kv = gpu_gib * GiB - reserve_gib * GiB - resident - 2 * n

@@ -18,9 +18,10 @@ import json
 import statistics
 from pathlib import Path
 
-from rpg_ref import cli, train
+from rpg_ref import cli
 from rpg_ref.engines.sample import SampleEngine
 from rpg_ref.registry import ENGINES
+from rpg_ref.trainer import train
 
 TEMPER = 4.0
 

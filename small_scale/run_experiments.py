@@ -1,5 +1,5 @@
 """Run a small_scale experiment: every (run, seed) of small_scale/configs/<exp>.json through
-rpg_ref.train, then keep commit-size logs that paper_figs reads.
+rpg_ref.trainer.train, then keep commit-size logs that paper_figs reads.
 
     python small_scale/run_experiments.py --exp bandit            # ~3 min on 2 CPU cores
     python small_scale/run_experiments.py --exp seq               # every method, 3 seeds
@@ -146,7 +146,7 @@ def run_one(job: tuple) -> tuple:
     """Train one (run, seed) in this process. Returns (exp, run, seed, seconds, its logs)."""
     exp, run, seed, argv, keys, every = job
     from rpg_ref.cli import parse_config
-    from rpg_ref.train import train
+    from rpg_ref.trainer.train import train
     t0 = time.perf_counter()
     out = Path(argv[argv.index("--out") + 1])
     if out.exists():

@@ -1,8 +1,8 @@
 """Run by tests/test_distributed.py under `torchrun --nproc_per_node 2` (gloo, CPU).
 
-One update (rpg_ref.train.update) of a float64 tiny Qwen3 on 2 ranks, each holding half of a fixed
-batch, against the same update in one process on the whole batch (computed on every rank with the
-collectives switched off), for each case of CASES; then the bytes of parameters and AdamW state
+One update (rpg_ref.trainer.train.update) of a float64 tiny Qwen3 on 2 ranks, each holding half of a
+fixed batch, against the same update in one process on the whole batch (computed on every rank with
+the collectives switched off), for each case of CASES; then the bytes of parameters and AdamW state
 each rank holds. Rank 0 writes the results as JSON to argv[1].
 """
 
@@ -15,10 +15,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rpg_ref import distributed as D
-from rpg_ref import train
-from rpg_ref.config import Config, loss_options
 from rpg_ref.interfaces import Batch, collate
+from rpg_ref.trainer import distributed as D
+from rpg_ref.trainer import train
+from rpg_ref.trainer.config import Config, loss_options
 
 # (name, Config fields): token-mean and seq-mean losses, with micro-batches by count and by token
 # budget (ranks then cut different numbers: zero-weight padding), clipping and --ref init
@@ -90,7 +90,7 @@ def union_batch(model) -> Batch:
     ]
     b = Batch(**collate(prompts, responses, 0, "cpu", None), rewards=torch.zeros(N),
               correct=torch.zeros(N, dtype=torch.bool))
-    from rpg_ref.logprobs import token_logprobs
+    from rpg_ref.models.logprobs import token_logprobs
 
     with torch.no_grad():
         lp = token_logprobs(model, b, 1.0)
@@ -105,15 +105,16 @@ def make_opt(model):
 
 
 def rollout_weights(b, cfg) -> dict:
-    """rpg_ref.rollout_correction.weights_for_batch on b (sets b.rollout_weight): its statistics."""
-    from rpg_ref.rollout_correction import weights_for_batch
+    """rpg_ref.trainer.rollout_correction.weights_for_batch on b (sets b.rollout_weight): its
+    statistics."""
+    from rpg_ref.trainer.rollout_correction import weights_for_batch
 
     return weights_for_batch(b, cfg)
 
 
 def one_process_update(model, b, cfg):
-    """rpg_ref.train.update in one process (after the rollout-correction weights of b, if any):
-    rpg_ref.distributed's collectives switched off."""
+    """rpg_ref.trainer.train.update in one process (after the rollout-correction weights of b, if
+    any): rpg_ref.trainer.distributed's collectives switched off."""
     active, world = D.active, D.world
     D.active, D.world = (lambda: False), (lambda: 1)
     try:
@@ -124,10 +125,11 @@ def one_process_update(model, b, cfg):
 
 
 def advantages_check() -> dict:
-    """Every estimator through rpg_ref.distributed.advantages on this rank's rows (12 responses in
-    groups of 4: the middle group spans both ranks; each rank's tensors cut to its own longest
-    response) against rpg_ref.advantages on the whole batch: max |difference| per estimator."""
-    from rpg_ref.advantages import ADVANTAGES, compute_advantages
+    """Every estimator through rpg_ref.trainer.distributed.advantages on this rank's rows (12
+    responses in groups of 4: the middle group spans both ranks; each rank's tensors cut to its own
+    longest response) against rpg_ref.core.advantages on the whole batch: max |difference| per
+    estimator."""
+    from rpg_ref.core.advantages import ADVANTAGES, compute_advantages
 
     g = torch.Generator().manual_seed(3)
     n, G, T = 12, 4, 6

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from rpg_ref import SHORT_PATHS
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rpg_ref"
 DOC = ROOT / "docs" / "architecture.md"
@@ -94,5 +96,53 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path):
     """The import reader finds an import inside a function and a `from rpg_ref import x` of a
     module, so a rule cannot pass because an import hides in a function body."""
     f = tmp_path / "m.py"
-    f.write_text("def g():\n    from rpg_ref import train\n    import rpg_ref.math.reward\n")
-    assert imported_modules(f) == {PACKAGE / "train.py", PACKAGE / "math" / "reward.py"}
+    f.write_text("def g():\n    from rpg_ref.trainer import train\n"
+                 "    import rpg_ref.math.reward\n")
+    want = {PACKAGE / "trainer" / "__init__.py", PACKAGE / "trainer" / "train.py",
+            PACKAGE / "math" / "reward.py"}
+    assert imported_modules(f) == want
+
+
+def test_package_uses_full_module_paths():
+    """Every `rpg_ref.<...>` module that a file of the package imports is a file or folder of the
+    package: the short paths of rpg_ref.SHORT_PATHS are for users, and an import through one would
+    escape the room rules above (it names no file)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+                names += [f"{node.module}.{a.name}" for a in node.names
+                          if (ROOT.joinpath(*node.module.split(".")) / a.name).exists()
+                          or f"{node.module}.{a.name}" in SHORT_PATHS]
+            else:
+                continue
+            for name in names:
+                if name in SHORT_PATHS or (name.startswith("rpg_ref.")
+                                           and not _module_file(name)):
+                    bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not bad, bad
+
+
+def _module_file(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def test_short_paths_are_the_modules_themselves():
+    """`import rpg_ref.<short>` gives the module object of its subpackage (one object, so a patch
+    through either name is seen by both), keeps that module's own __spec__, and every short path
+    names an existing module."""
+    import importlib
+
+    for short, full in SHORT_PATHS.items():
+        assert _module_file(full), full
+        module = importlib.import_module(short)
+        assert module is importlib.import_module(full)
+        assert module.__name__ == full and module.__spec__.name == full
+    from rpg_ref import losses
+    from rpg_ref.core import losses as core_losses
+
+    assert losses is core_losses

@@ -28,10 +28,10 @@ from audit_expectations import (
 )
 
 from rpg_ref import audit
-from rpg_ref.advantages import kl_return_to_go, reinforce_pp
 from rpg_ref.audit import adapters as audit_adapters
-from rpg_ref.exact import Autoregressive
-from rpg_ref.losses import LOSSES
+from rpg_ref.core.advantages import kl_return_to_go, reinforce_pp
+from rpg_ref.core.exact import Autoregressive
+from rpg_ref.core.losses import LOSSES
 
 ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = audit_adapters.rpg_ref_adapters() + audit_adapters.docs_adapters()
@@ -308,11 +308,11 @@ def test_cli_writes_table_markdown_and_json(tmp_path):
     (["--off-step", "nan"], "--off-step must be a finite number > 0"),
     (["--loss", "missing_file.py:fn"], "does not exist"),
     (["--loss", "no_colon"], "expected PATH.py:NAME"),
-    (["--loss", "rpg_ref.losses:no_such_fn"], "has no attribute 'no_such_fn'"),
-    (["--loss", "rpg_ref.losses:LOSSES"], "is not callable"),
-    (["--loss", "rpg_ref.losses:check_beta"], "raised TypeError"),
+    (["--loss", "rpg_ref.core.losses:no_such_fn"], "has no attribute 'no_such_fn'"),
+    (["--loss", "rpg_ref.core.losses:LOSSES"], "is not callable"),
+    (["--loss", "rpg_ref.core.losses:check_beta"], "raised TypeError"),
     (["--loss", "no_such_pkg.mod:fn"], "importing no_such_pkg.mod failed"),
-    (["--objective", "rpg_ref.losses:no_such_fn"], "has no attribute"),
+    (["--objective", "rpg_ref.core.losses:no_such_fn"], "has no attribute"),
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--only", "no-such-loss"], "no adapter name contains"),
     (["--json", "missing-dir/x.json"], "does not exist"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rpg_ref import cli, strict_json
-from rpg_ref.losses import LOSSES
+from rpg_ref.core.losses import LOSSES
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 test per claim, named after the paper's label; each docstring is the claim (taken from the check).
 
 A check passes when every symbolic residual is 0 (sympy, or exactly at rational points), every
-float64 enumeration through rpg_ref.losses matches within 1e-10, and every Monte-Carlo z-score
+float64 enumeration through rpg_ref.core.losses matches within 1e-10, and every Monte-Carlo z-score
 is below its Bonferroni threshold (false-failure rate 1e-6 per comparison). Rows marked ERRATUM
 are claims of the paper that are wrong; their tests pass only if the documented discrepancy is
 reproduced exactly (derivations/ERRATA.md). Runs in --fast mode (smaller Monte-Carlo samples).
@@ -129,7 +129,7 @@ def test_subsec_rpg_style_clip(): ...
 def test_token_vs_sequence_level(): ...
 
 
-# beyond the paper: a sampler mu != pi_old, corrected by rpg_ref.rollout_correction
+# beyond the paper: a sampler mu != pi_old, corrected by rpg_ref.trainer.rollout_correction
 
 @claim_test(rollout_correction.check_rollout_correction_exact)
 def test_rollout_correction_exact(): ...

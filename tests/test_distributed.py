@@ -1,4 +1,4 @@
-"""torchrun data parallelism (rpg_ref/distributed.py) on 2 CPU ranks with gloo.
+"""torchrun data parallelism (rpg_ref/trainer/distributed.py) on 2 CPU ranks with gloo.
 
 Each torchrun launch costs seconds, so they are shared: one launch of tests/distributed_worker.py
 (update equivalence, bytes per rank), one 2-rank bandit run (the regularized optimum, and the
@@ -24,8 +24,9 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from rpg_ref import cli, config, train
-from rpg_ref import distributed as D
+from rpg_ref import cli
+from rpg_ref.trainer import config, train
+from rpg_ref.trainer import distributed as D
 
 pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[1]
@@ -67,9 +68,9 @@ def worker(tmp_path_factory) -> dict:
                                   "seq-mean micro-batches of 2", "rollout correction tis, token",
                                   "rollout correction mis, sequence"])
 def test_one_update_on_2_ranks_equals_one_process_on_union_batch(worker, case):
-    """One optimizer step (rpg_ref.train.update: micro-batch weights, global-norm clipping, fused
-    AdamW) of a float64 tiny Qwen3 on 2 FSDP2 ranks, each with half of a fixed batch, gives the
-    parameters of one process on the whole batch to 1e-12 (the step itself moves them by about
+    """One optimizer step (rpg_ref.trainer.train.update: micro-batch weights, global-norm clipping,
+    fused AdamW) of a float64 tiny Qwen3 on 2 FSDP2 ranks, each with half of a fixed batch, gives
+    the parameters of one process on the whole batch to 1e-12 (the step itself moves them by about
     1e-2), for token-mean and seq-mean losses. Loss and gradient norm agree to 1e-12 as well."""
     r = worker["cases"][case]
     assert r["grad_clipped"]  # the global norm was used, not only computed
@@ -97,7 +98,7 @@ def test_rollout_correction_statistics_equal_one_process(worker):
 
 
 def test_advantages_on_2_ranks_equal_the_whole_batch(worker):
-    """Every advantage estimator of rpg_ref.advantages (group mean, group mean/std, batch mean,
+    """Every advantage estimator of rpg_ref.core.advantages (group mean, group mean/std, batch mean,
     leave-one-out, REINFORCE++ and its baseline variant, which whiten over every token of the
     batch) gives each rank exactly the rows of the one-process advantages of the whole batch,
     also for a group that spans the two ranks (float64, 1e-12)."""

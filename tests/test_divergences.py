@@ -1,4 +1,4 @@
-"""The one table of KL terms (rpg_ref/divergences.py) that the reference losses and the fast
+"""The one table of KL terms (rpg_ref/core/divergences.py) that the reference losses and the fast
 kernel share: each row's closed-form columns are the derivatives of its estimate (autograd,
 float64, 1e-12), and each unbiased row's estimate has expectation D under pi_old, exactly.
 """
@@ -6,7 +6,7 @@ float64, 1e-12), and each unbiased row's estimate has expectation D under pi_old
 import pytest
 import torch
 
-from rpg_ref.divergences import DIVERGENCES
+from rpg_ref.core.divergences import DIVERGENCES
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 TOL = 1e-12

@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from rpg_ref import cli, train
+from rpg_ref import cli
 from rpg_ref.engines.hf import (
     HFEngine,
     WeightSyncError,
@@ -26,7 +26,8 @@ from rpg_ref.engines.hf import (
     sequences_that_fit,
 )
 from rpg_ref.interfaces import Batch, collate
-from rpg_ref.logprobs import token_logprobs
+from rpg_ref.models.logprobs import token_logprobs
+from rpg_ref.trainer import train
 
 EOS, PAD = 14, 15
 
@@ -65,7 +66,7 @@ def recomputed(policy, prompts, responses):
 def test_sampler_logprobs_equal_the_policy_recomputation():
     """float64: the engine's log-prob of every sampled token (prompt pass + decode steps against
     the static KV cache, left-padded prompts of different lengths) equals the trainer's one-pass
-    recomputation (rpg_ref.logprobs) to 1e-10, for responses cut at EOS."""
+    recomputation (rpg_ref.models.logprobs) to 1e-10, for responses cut at EOS."""
     policy = tiny_qwen3(sharpen=3.0)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]]
     torch.manual_seed(0)

@@ -1,11 +1,11 @@
-"""rpg_ref.kl: estimators' expectations and exact divergences (remark:k3_connection_main)."""
+"""rpg_ref.core.kl: estimators' expectations and exact divergences (remark:k3_connection_main)."""
 
 import math
 
 import pytest
 import torch
 
-from rpg_ref import kl
+from rpg_ref.core import kl
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 

@@ -1,5 +1,5 @@
-"""rpg_ref/logprobs.py: the LM head in chunks and micro-batches by tokens change the cost of the
-trainer's log-prob passes and update, not their numbers (float64, tiny Qwen3)."""
+"""rpg_ref/models/logprobs.py: the LM head in chunks and micro-batches by tokens change the cost of
+the trainer's log-prob passes and update, not their numbers (float64, tiny Qwen3)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from rpg_ref import config, train
 from rpg_ref.interfaces import Batch, collate
-from rpg_ref.logprobs import lm_parts, micro_batches, token_logprobs
+from rpg_ref.models.logprobs import lm_parts, micro_batches, token_logprobs
+from rpg_ref.trainer import config, train
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11], [12, 13], [3, 3, 3, 3], [5], [7, 8]]
 RESPONSES = [
@@ -127,7 +127,7 @@ def test_micro_batches_cover_the_batch_within_the_token_budget():
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_token_budget_micro_batches_accumulate_the_sequence_micro_batch_gradient(agg):
-    """rpg_ref.train.update over one mini-batch of 8 sequences of different lengths, with
+    """rpg_ref.trainer.train.update over one mini-batch of 8 sequences of different lengths, with
     gradient accumulation over (a) one micro-batch, (b) micro-batches of 2 sequences, (c)
     micro-batches of at most 20 tokens after sorting by length: one SGD step of lr 1 on the
     accumulated gradient moves every parameter by the same amount in all three to 1e-12 (float64;

@@ -1,4 +1,4 @@
-"""Exact tests of rpg_ref.losses against the objectives' definitions.
+"""Exact tests of rpg_ref.core.losses against the objectives' definitions.
 
 The exact expectation of a loss under pi_old is a finite sum over outcomes weighted by
 pi_old's mass; its autograd gradient must equal -grad J(theta), with J computed here
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-import rpg_ref.losses as L
+import rpg_ref.core.losses as L
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 
@@ -24,7 +24,7 @@ TOL = 1e-10
 @pytest.fixture(params=L.IMPLS)
 def impl(request):
     """Every test here checks both implementations against the math: the fused kernel (the
-    default) and the reference (autograd through the formulas of rpg_ref/losses.py)."""
+    default) and the reference (autograd through the formulas of rpg_ref/core/losses.py)."""
     return request.param
 
 

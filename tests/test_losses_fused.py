@@ -1,6 +1,6 @@
 """The fused (torch.compile) loss kernel against the eager one, and the switch between them.
 
-Large inputs run rpg_ref.losses_fused.loss_kernel traced by torch.compile; small ones and
+Large inputs run rpg_ref.core.losses_fused.loss_kernel traced by torch.compile; small ones and
 RPG_REF_COMPILE=0 run the same function op by op (tests/test_losses_reference.py compares that
 with the reference). The two must agree to float rounding on
 values, gradients and statistics, and bad data must be refused the same way. Each case
@@ -12,8 +12,8 @@ the sequence level and every aggregation.
 import pytest
 import torch
 
-import rpg_ref.losses as L
-import rpg_ref.losses_fused as F
+import rpg_ref.core.losses as L
+import rpg_ref.core.losses_fused as F
 
 B, T = 8, 48
 

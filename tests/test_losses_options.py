@@ -1,6 +1,7 @@
-"""Rules about a loss's options, each stated once in rpg_ref/loss_spec.py (parse_clip, check_beta,
-resolve; by a loss's name: rpg_ref.losses check_options, run_options, loss_beta, default_beta) and
-called by the losses themselves, the trainer's config and the verl plugin. One test per rule;
+"""Rules about a loss's options, each stated once in rpg_ref/core/loss_spec.py (parse_clip,
+check_beta,
+resolve; by a loss's name: rpg_ref.core.losses check_options, run_options, loss_beta, default_beta)
+and called by the losses themselves, the trainer's config and the verl plugin. One test per rule;
 every refusal is a one-line ValueError that names the bad value. The resolved LossOptions is made
 once per setting: a trainer passes it to every call, a library call's keywords are looked up."""
 
@@ -10,9 +11,9 @@ import re
 import pytest
 import torch
 
-import rpg_ref.loss_spec as S
-import rpg_ref.losses as L
-from rpg_ref.advantages import reinforce_pp
+import rpg_ref.core.loss_spec as S
+import rpg_ref.core.losses as L
+from rpg_ref.core.advantages import reinforce_pp
 
 RPG = [n for n in L.LOSSES if L.SPECS[n].family != "baseline"]
 PPO = [n for n in L.LOSSES if L.SPECS[n].family == "baseline"]
@@ -97,7 +98,7 @@ def test_check_options_beta_zero_for_kl_in_reward(name):
     _refused(
         re.escape(
             f"{name} puts its k1 KL penalty into the reward: pass beta to "
-            "rpg_ref.advantages.reinforce_pp and call the loss with beta=0; got beta=0.1"
+            "rpg_ref.core.advantages.reinforce_pp and call the loss with beta=0; got beta=0.1"
         ),
         L.check_options,
         name,
@@ -180,7 +181,8 @@ def test_loss_beta():
 
 @pytest.mark.parametrize("beta", [-1.0, float("nan"), float("inf"), True])
 def test_beta_rule_is_shared_with_the_reward_kl(beta):
-    """rpg_ref.advantages.reinforce_pp (the KL in the reward) refuses beta with the same rule."""
+    """rpg_ref.core.advantages.reinforce_pp (the KL in the reward) refuses beta with the same
+    rule."""
     want = _refused(".", L.check_beta, beta)
     got = _refused(
         ".", reinforce_pp, torch.ones(2), torch.ones(2, 3), torch.zeros(2, 3), None, beta

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rpg_ref.losses as L
+import rpg_ref.core.losses as L
 
 ALL = sorted(L.LOSSES)
 

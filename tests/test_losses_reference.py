@@ -1,10 +1,11 @@
 """The fast path answers to the specification.
 
-rpg_ref/losses.py writes every loss as the paper writes it and differentiates it by autograd
-(impl="reference"); rpg_ref/losses_fused.py computes the same loss, its gradient in closed form and
-its statistics in one kernel (impl="fused", the default). Here the two are compared value by value,
-gradient by gradient and statistic by statistic (float64, 1e-12) for every loss x clip setting x
-reference setting x level x aggregation, on inputs where every clip branch is taken (asserted).
+rpg_ref/core/losses.py writes every loss as the paper writes it and differentiates it by autograd
+(impl="reference"); rpg_ref/core/losses_fused.py computes the same loss, its gradient in closed form
+and its statistics in one kernel (impl="fused", the default). Here the two are compared value by
+value, gradient by gradient and statistic by statistic (float64, 1e-12) for every loss x clip
+setting x reference setting x level x aggregation, on inputs where every clip branch is taken
+(asserted).
 """
 
 import inspect
@@ -15,8 +16,8 @@ import zlib
 import pytest
 import torch
 
-import rpg_ref.losses as L
-import rpg_ref.losses_fused as F
+import rpg_ref.core.losses as L
+import rpg_ref.core.losses_fused as F
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 
@@ -110,8 +111,9 @@ def test_fused_kernel_equals_reference_at_the_clamp(name, level, ref):
 
 
 def test_every_loss_is_registered_under_its_literal_name_with_a_kernel():
-    """grep '"<name>"' rpg_ref/losses.py finds the decorator of each loss's definition, the name
-    is a LossSpec built by keyword, and the fast path has a kernel for every registered loss."""
+    """grep '"<name>"' rpg_ref/core/losses.py finds the decorator of each loss's definition, the
+    name is a LossSpec built by keyword, and the fast path has a kernel for every registered
+    loss."""
     source = inspect.getsource(L)
     for name in L.LOSSES:
         assert f'@register_loss("{name}",' in source, name

@@ -477,10 +477,10 @@ def test_trainer_registers_math_and_vllm_and_the_math_presets_are_the_papers_rec
     """rpg-train resolves --task math and --engine vllm (the class, importable without vLLM); the
     math presets are the paper's recipe (config.PAPER_RECIPE) at 2K/4K/8K, and `math` is it on the
     task's default engine."""
-    from rpg_ref.config import PAPER_RECIPE, PRESETS
     from rpg_ref.engines.vllm import VLLMEngine
     from rpg_ref.registry import ENGINES, TASKS, resolve
     from rpg_ref.tasks.math import MathTask
+    from rpg_ref.trainer.config import PAPER_RECIPE, PRESETS
 
     assert resolve(TASKS, "math", "task") is MathTask
     assert resolve(ENGINES, "vllm", "engine") is VLLMEngine
@@ -500,3 +500,22 @@ def test_vllm_weight_names_of_the_wrapped_policy_are_the_hf_names(tiny_config):
     names = [n for n, _ in hf_to_vllm_weights(HFPolicy(model).named_parameters(), True)]
     assert names == [n for n, _ in model.named_parameters()]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+
+
+@pytest.mark.parametrize("argv", [["-m", "rpg_ref.export"], ["-m", "rpg_ref.tasks.math", "export"]])
+def test_export_command_refuses_a_folder_that_is_no_run(tmp_path, argv):
+    """Both spellings of the export command (`python -m rpg_ref.export OUT`, and the older
+    `python -m rpg_ref.tasks.math export OUT`) run the same export: on a folder without a run's
+    config.json and checkpoint they print one error line naming the folder and exit 2, writing
+    nothing."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, *argv, str(tmp_path)], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"export: error: {tmp_path}: not a run folder with a checkpoint (need config.json and "
+        "checkpoints/LATEST)"
+    ]
+    assert list(tmp_path.iterdir()) == []

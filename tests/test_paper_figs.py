@@ -24,8 +24,8 @@ from paper_figs import (
     training,
 )
 from paper_figs.__main__ import main as figs_main
-from rpg_ref import exact
-from rpg_ref.losses import get_loss
+from rpg_ref.core import exact
+from rpg_ref.core.losses import get_loss
 
 DT = torch.float64
 ALPHA = 1e-6
@@ -187,13 +187,14 @@ def test_rpg_style_clip_pi_ref_eq_pi_old():
 
 def test_grpo_kl_gradient_error_curve():
     """subsec:grpo_main: the plotted error of GRPO's KL term equals an independent exact computation
-    with rpg_ref.exact (same construction); the corrected w*k3 term is exact at every distance; with
-    pi_ref = pi_old the published term's error vanishes at theta_old and grows with distance."""
+    with rpg_ref.core.exact (same construction); the corrected w*k3 term is exact at every distance;
+    with pi_ref = pi_old the published term's error vanishes at theta_old and grows with
+    distance."""
     ds = (0.0, 0.02, 0.1, 0.5, 1.0, 2.0, 4.0)
     d = grpo_kl_error.grpo_kl_error_data(distances=ds)
     for (label, ref_dist), s in zip(grpo_kl_error.SETTINGS, d["settings"].values()):
-        # independent: the published term's expected gradient by rpg_ref.exact, grad UKL by autograd
-        # here
+        # independent: the published term's expected gradient by rpg_ref.core.exact, grad UKL by
+        # autograd here
         g = torch.Generator().manual_seed(0)
         th_old = torch.randn(6, generator=g, dtype=DT)
         u = torch.randn(6, generator=g, dtype=DT)
@@ -227,7 +228,7 @@ def test_grpo_kl_gradient_error_curve():
 
 
 def test_grpo_kl_fallback_matches_derivations():
-    """The rpg_ref.exact fallback of paper_figs reproduces derivations.grpo_kl.error_curve."""
+    """The rpg_ref.core.exact fallback of paper_figs reproduces derivations.grpo_kl.error_curve."""
     der = pytest.importorskip("derivations.grpo_kl")
     ds = [0.0, 0.3, 1.5]
     for ref_dist in (None, 0.8):
@@ -327,7 +328,7 @@ def test_grad_variance_normalized_vs_unnormalized():
 
 def write_logs(root, exp, runs, seeds=(0, 1, 2), steps=10, eval_every=5, groups=None, bandit=False):
     """Synthetic logs in small_scale/logs' layout (<exp>.jsonl: the experiment record, then per run
-    and seed its summary and metrics rows in rpg_ref/train.py's format), known values:
+    and seed its summary and metrics rows in rpg_ref/trainer/train.py's format), known values:
     metric(run r, seed s, step t) = 0.01 * t + 0.1 * r + 0.001 * s."""
     spec = {"runs": {r: {"label": r.upper()} for r in runs}, "groups": groups or {}}
     recs = [{"experiment": spec}]

@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from rpg_ref.config import PAPER_HPARAMS, PRESETS
+from rpg_ref.trainer.config import PAPER_HPARAMS, PRESETS
 
 
 def test_presets_use_only_trainer_config_fields_and_registered_options(tmp_path):
     """Every preset key is a Config field or a registered task's/engine's option flag, and every
     preset parses into a valid configuration."""
     cli = pytest.importorskip("rpg_ref.cli")
-    from rpg_ref.config import Config
+    from rpg_ref.trainer.config import Config
 
     fields = {f.name for f in dataclasses.fields(Config)} | {d for d, *_ in cli.option_flags()}
     for name, p in PRESETS.items():

@@ -21,8 +21,9 @@ import torch
 
 pytest.importorskip("safetensors")
 
-from rpg_ref import cli, config
+from rpg_ref import cli
 from rpg_ref.math.data import data_dir
+from rpg_ref.trainer import config
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress"]
 VOLATILE = ("time_", "_per_s", "peak_mem_mb")
@@ -271,7 +272,7 @@ def test_a_run_left_in_the_working_directory_does_not_change_the_default_config(
 KILLER = r"""
 import os, shutil, signal, sys
 import safetensors.torch, torch
-import rpg_ref.checkpoint as ck, rpg_ref.metrics as mt, rpg_ref.train as tr
+import rpg_ref.trainer.checkpoint as ck, rpg_ref.trainer.metrics as mt, rpg_ref.trainer.train as tr
 k, n = int(os.environ["RPG_TEST_KILL_AT"]), [0]
 def wrap(owner, name):
     f = getattr(owner, name)

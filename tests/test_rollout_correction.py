@@ -1,4 +1,4 @@
-"""Rollout correction (rpg_ref/rollout_correction.py) and the losses' sample_weight.
+"""Rollout correction (rpg_ref/trainer/rollout_correction.py) and the losses' sample_weight.
 
 The weights pi_old / pi_sampler from hand-made log-probs; the losses' sample_weight in both
 implementations (fused == reference to 1e-12, float64) and against per-unit losses computed without
@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import rpg_ref.losses as L
-from rpg_ref import cli, train
+import rpg_ref.core.losses as L
+from rpg_ref import cli
 from rpg_ref.engines.sample import SampleEngine
-from rpg_ref.rollout_correction import importance_weights
+from rpg_ref.trainer import train
+from rpg_ref.trainer.rollout_correction import importance_weights
 
 TOL = 1e-12
 CLIPS = {"no-clip": None, "dual-clip": (0.2, 0.28, 3.0)}

@@ -1,9 +1,9 @@
-"""DAPO's soft overlong punishment (rpg_ref.shaping), against hand-computed values."""
+"""DAPO's soft overlong punishment (rpg_ref.trainer.shaping), against hand-computed values."""
 
 import pytest
 import torch
 
-from rpg_ref.shaping import overlong_penalty
+from rpg_ref.trainer.shaping import overlong_penalty
 
 
 def test_dapo_overlong_penalty_hand_values():

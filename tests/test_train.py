@@ -1,4 +1,5 @@
-"""Tests of rpg_ref/train.py: convergence, learning, every algorithm, resume, refusals, memory.
+"""Tests of rpg_ref/trainer/train.py: convergence, learning, every algorithm, resume, refusals,
+memory.
 
 Runs are short and seeded. Monte-Carlo claims (bandit optimum, learning on seq) are asserted on
 fixed seeds; the tolerances are the issue's (TV < 0.02) or margins far outside the step-to-step
@@ -24,10 +25,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from rpg_ref import cli, config, train
+from rpg_ref import cli
+from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
-from rpg_ref.losses import LOSSES
 from rpg_ref.tasks.bandit import kl_regularized_optimum
+from rpg_ref.trainer import config, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +124,7 @@ def test_bandit_iterative_reference_concentrates_on_best_arm(tmp_path):
     """With the iterative reference (pi_ref = pi_old every step) the KL only limits each step:
     the policy moves to the best arm (probability > 0.99 after 300 steps), and the run holds one
     model (the parameters alive before it, other tests' models in this process, not counted)."""
-    from rpg_ref.metrics import live_parameter_count
+    from rpg_ref.trainer.metrics import live_parameter_count
 
     before = live_parameter_count()
     s = run(["--preset", "bandit", "--out", str(tmp_path / "o")])
@@ -198,7 +200,7 @@ SMALL_SEQ = [
 @pytest.mark.parametrize("algo", sorted(LOSSES))
 @pytest.mark.parametrize("task", ["bandit", "seq"])
 def test_every_algorithm_runs_two_steps(tmp_path, cache_dir, algo, task):
-    """Each loss of rpg_ref.losses.LOSSES trains 2 steps on each task (seq with --ref init, so
+    """Each loss of rpg_ref.core.losses.LOSSES trains 2 steps on each task (seq with --ref init, so
     reinforce++'s KL-in-reward and the ref model are exercised): finite metrics, at least one
     optimizer step per rollout, and on seq the sampler's log-probs agree with the recomputed
     pi_old log-probs (max |diff| < 1e-4: same weights, KV cache vs one forward pass)."""

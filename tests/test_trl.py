@@ -1,7 +1,7 @@
 """rpg_ref.integrations.trl: the rpg losses inside TRL's GRPOTrainer.
 
-On one batch the trainer's loss and gradient equal rpg_ref's own (rpg_ref.logprobs +
-rpg_ref.losses, float64); TRL settings that contradict a loss are refused when the config is
+On one batch the trainer's loss and gradient equal rpg_ref's own (rpg_ref.models.logprobs +
+rpg_ref.core.losses, float64); TRL settings that contradict a loss are refused when the config is
 built; a 2-process torchrun run of the example script trains, in sync, on 2 processes."""
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import torch
 
 pytest.importorskip("trl")
 
+from rpg_ref.core.losses import LOSSES
 from rpg_ref.integrations.trl import SUPPORTED, RPGConfig, RPGTrainer
 from rpg_ref.interfaces import Batch
-from rpg_ref.logprobs import token_logprobs
-from rpg_ref.losses import LOSSES
+from rpg_ref.models.logprobs import token_logprobs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trl" / "train_rpg_qwen3.py"
@@ -87,8 +87,8 @@ def _trainer(tmp_path, cls=RPGTrainer, **opts):
 
 def test_trl_logprobs_match_rpg_ref(tmp_path):
     """TRL's log-probs of a batch (its fused LM head, at the sampling temperature) equal
-    rpg_ref.logprobs.token_logprobs' on the response tokens up to float32 rounding (TRL's head
-    computes in float32): the two paths score the same tokens at the same positions."""
+    rpg_ref.models.logprobs.token_logprobs' on the response tokens up to float32 rounding (TRL's
+    head computes in float32): the two paths score the same tokens at the same positions."""
     trainer = _trainer(tmp_path)
     prompt, completion, mask, _, _ = _batch(trainer.model.config.vocab_size)
     with torch.no_grad():
@@ -129,9 +129,9 @@ def test_cases_cover_every_supported_loss():
 @pytest.mark.parametrize("name,opts,agg,factor", CASES, ids=[c[0] for c in CASES])
 def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
     """RPGTrainer.compute_loss on one batch (TRL's inputs dict) gives rpg_ref's loss
-    (rpg_ref.logprobs.token_logprobs + LOSSES[name] with the mapped options, aggregation `agg`,
-    times the constant of TRL's loss_type) and the same gradient for every parameter, float64,
-    1e-12."""
+    (rpg_ref.models.logprobs.token_logprobs + LOSSES[name] with the mapped options, aggregation
+    `agg`, times the constant of TRL's loss_type) and the same gradient for every parameter,
+    float64, 1e-12."""
     torch.manual_seed(0)
     trainer = _trainer(tmp_path, Float64LogProbs, rpg_loss=name, **opts)
     model, a = trainer.model, trainer.args

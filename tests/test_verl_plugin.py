@@ -18,8 +18,8 @@ verl = pytest.importorskip(
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
+from rpg_ref.core.losses import LOSSES
 from rpg_ref.integrations import verl as plugin
-from rpg_ref.losses import LOSSES
 
 B, T = 6, 7
 AGG = {
@@ -89,8 +89,8 @@ def test_every_rpg_loss_and_grpo_corrected_is_registered():
 
 
 def test_clip_ratios_are_checked_by_rpg_ref():
-    """verl's clip ratios go through rpg_ref.losses.parse_clip: c = inf means no dual bound, and a
-    bad ratio is refused with parse_clip's message."""
+    """verl's clip ratios go through rpg_ref.core.losses.parse_clip: c = inf means no dual bound,
+    and a bad ratio is refused with parse_clip's message."""
     assert plugin.read_config(_config("token-mean"), clipped=True) == (0.05, (0.2, 0.28, 10.0))
     cfg = {"kl_loss_coef": 0.05, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
     assert plugin.read_config({**cfg, "clip_ratio_c": float("inf")}, clipped=True) == (
@@ -107,10 +107,9 @@ def test_clip_ratios_are_checked_by_rpg_ref():
 @pytest.mark.parametrize("name", plugin.REGISTERED)
 @pytest.mark.parametrize("mode", list(AGG))
 def test_verl_registry_returns_rpg_ref_losses(name, mode):
-    """get_policy_loss_fn(name) == rpg_ref.losses[name] (beta = kl_loss_coef, clip = verl's clip
-    ratios,
-    pi_ref = pi_old, token level) times verl's aggregation constant: loss values and gradients
-    agree."""
+    """get_policy_loss_fn(name) == rpg_ref.core.losses[name] (beta = kl_loss_coef, clip = verl's
+    clip ratios, pi_ref = pi_old, token level) times verl's aggregation constant: loss values and
+    gradients agree."""
     logp, old, adv, mask = _batch()
     fn = core_algos.get_policy_loss_fn(name)
     x = logp.clone().requires_grad_(True)

@@ -1,7 +1,7 @@
 """The audit's computation: exact expected gradients of a loss and the objective they follow.
 
 On a small autoregressive softmax policy (vocabulary V, responses of length H, tabular logits for
-every prefix: rpg_ref.exact.Autoregressive) every response is enumerated, so a loss's expected
+every prefix: rpg_ref.core.exact.Autoregressive) every response is enumerated, so a loss's expected
 gradient under pi_old is a finite sum (float64):
 
     g = sum_y pi_old(y) grad_theta loss({y})
@@ -40,9 +40,9 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from rpg_ref import kl
 from rpg_ref.audit.adapter import Adapter
-from rpg_ref.exact import Autoregressive, divergence
+from rpg_ref.core import kl
+from rpg_ref.core.exact import Autoregressive, divergence
 
 DTYPE = torch.float64
 HORIZONS = (1, 2, 3)

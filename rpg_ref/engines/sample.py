@@ -17,7 +17,7 @@ def sample_next(logits: Tensor, temperature: float, top_p: float) -> tuple[Tenso
     softmax(logits / temperature), restricted for top_p < 1 to the nucleus: the most probable
     tokens, in order, while the mass before a token is below top_p (the top token always stays),
     renormalized. The log-prob reported is the sampled token's under softmax(logits / temperature)
-    before the nucleus cut: what the trainer recomputes (rpg_ref.logprobs) and compares."""
+    before the nucleus cut: what the trainer recomputes (rpg_ref.models.logprobs) and compares."""
     if temperature == 0:
         tok = logits.argmax(-1)
         return tok, torch.zeros_like(tok, dtype=logits.dtype)

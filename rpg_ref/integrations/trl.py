@@ -7,7 +7,7 @@
 RPGTrainer is GRPOTrainer with one method replaced, ``_compute_loss`` (the hook TRL's own
 ``compute_loss`` calls): TRL still generates, scores, computes advantages and old log-probs, and
 its ``_get_per_token_logps_and_entropies`` gives log pi_theta; the loss is then
-``rpg_ref.losses.LOSSES[rpg_loss]``, called (never copied), and rescaled by a constant to TRL's
+``rpg_ref.core.losses.LOSSES[rpg_loss]``, called (never copied), and rescaled by a constant to TRL's
 normalization. RPGConfig is GRPOConfig plus the ``rpg_*`` fields; it refuses, when it is built,
 every TRL setting that contradicts the loss. Option mapping:
 
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_ref.config import PAPER_HPARAMS
-from rpg_ref.losses import LOSSES, SPECS, check_options, default_beta, parse_clip
+from rpg_ref.core.losses import LOSSES, SPECS, check_options, default_beta, parse_clip
+from rpg_ref.trainer.config import PAPER_HPARAMS
 
 SUPPORTED = [
     n for n in LOSSES if not SPECS[n].kl_in_reward and SPECS[n].advantage.startswith("group")
@@ -55,7 +55,7 @@ SUPPORTED = [
 # TRL loss_type -> rpg aggregation; TRL's normalizer is applied on top (trl_scale)
 LOSS_TYPE_AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
                  "luspo": "seq-mean-token-sum", "dr_grpo": "seq-mean-token-sum"}
-# the advantage TRL must compute for a loss's default estimator (rpg_ref.advantages names)
+# the advantage TRL must compute for a loss's default estimator (rpg_ref.core.advantages names)
 SCALE_REWARDS = {"group-mean": "none", "group-mean-std": "group"}
 REFERENCES = ("old", "model")
 
@@ -179,7 +179,7 @@ def trl_scale(loss_type: str, *, n_tokens: float, rows_kept: int, rows: int, num
 
 
 class RPGTrainer(GRPOTrainer):
-    """GRPOTrainer whose loss is rpg_ref.losses.LOSSES[args.rpg_loss] (module docstring)."""
+    """GRPOTrainer whose loss is rpg_ref.core.losses.LOSSES[args.rpg_loss] (module docstring)."""
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, **kwargs):
         if not isinstance(args, RPGConfig):

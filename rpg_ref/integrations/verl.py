@@ -8,9 +8,9 @@ choosing a loss by name:
         actor_rollout_ref.actor.policy_loss.loss_mode=rpg-reinforce-urkl \\
         actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.kl_loss_coef=1e-4 ...
 
-Registered names (REGISTERED): the eight rpg losses of rpg_ref.losses and grpo-corrected, and each
-loss that may run unclipped (the rpg losses; grpo-corrected always clips) also with a "-noclip"
-suffix. Each is a thin adapter: it calls the rpg_ref.losses function itself
+Registered names (REGISTERED): the eight rpg losses of rpg_ref.core.losses and grpo-corrected, and
+each loss that may run unclipped (the rpg losses; grpo-corrected always clips) also with a "-noclip"
+suffix. Each is a thin adapter: it calls the rpg_ref.core.losses function itself
 (never a copy) at level="token" with pi_ref = pi_old (verl's policy-loss signature carries no
 reference log-probs, which is exactly the paper's iterative reference: use_kl_loss=False, no ref
 model) and rescales the result to verl's global aggregation.
@@ -21,7 +21,7 @@ Actor-config keys read (actor_rollout_ref.actor.*):
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
     clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all
     three
-                               (checked by rpg_ref.losses.parse_clip, the loss options' one
+                               (checked by rpg_ref.core.losses.parse_clip, the loss options' one
                                rule book, on a setting's first call, then looked up)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
                                seq-mean-token-sum-norm
@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from rpg_ref.losses import LOSSES, SPECS, cached_options, parse_clip
+from rpg_ref.core.losses import LOSSES, SPECS, cached_options, parse_clip
 
 BASE_NAMES = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")] + ["grpo-corrected"]
 REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES if not SPECS[n].always_clips]
@@ -167,7 +167,8 @@ def _make(name: str):
 
     policy_loss.__name__ = "rpg_" + name.replace("-", "_")
     policy_loss.__doc__ = (
-        f"verl adapter for rpg_ref.losses '{base}' ({'clipped' if clipped else 'no clip'}).\n\n"
+        f"verl adapter for rpg_ref.core.losses '{base}' "
+        f"({'clipped' if clipped else 'no clip'}).\n\n"
         + (fn.__doc__ or "")
     )
     return policy_loss

@@ -8,7 +8,7 @@ The paper's setup (sec:experiments; its released code; the DAPO-Math-17k prompt 
     \\boxed{...} (`style="boxed"`); for thinking models only the text after the last </think>
     counts;
   * reward +1 for a correct answer and -1 otherwise (`scoring="pm1"`; `"binary"` gives 1 / 0);
-    DAPO's soft overlong punishment is added by the loop for every task (rpg_ref.shaping).
+    DAPO's soft overlong punishment is added by the loop for every task (rpg_ref.trainer.shaping).
 
 Final answer (`extract_answer`; both styles run in time linear in the response length):
   * where: after the last "</think>"; then only the last MAX_TAIL_CHARS (4,000) characters.

@@ -9,7 +9,7 @@ import contextlib
 import torch
 from torch import nn
 
-from rpg_ref.logprobs import LMParts, hf_lm_parts
+from rpg_ref.models.logprobs import LMParts, hf_lm_parts
 
 DTYPES = ("float32", "bf16-autocast", "bfloat16")
 
@@ -95,8 +95,8 @@ class HFPolicy(nn.Module):
 
     def lm_parts(self) -> LMParts | None:
         """Hidden states and LM head of the wrapped model, each in this policy's precision and
-        checkpointing (rpg_ref.logprobs applies the head in chunks), or None if it has no plain
-        head."""
+        checkpointing (rpg_ref.models.logprobs applies the head in chunks), or None if it has no
+        plain head."""
         parts = hf_lm_parts(self.module)
         if parts is None:
             return None

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rpg_ref.core.losses import SPECS
 from rpg_ref.interfaces import Prompt
-from rpg_ref.losses import SPECS
 
 
 class TabularPolicy(nn.Module):

@@ -16,7 +16,7 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
             (rpg_ref.math.reward: math-verify when installed, else the documented normalizer; a
             per-answer time limit), +1 / -1 (--math-scoring pm1, the paper's) or 1 / 0 (binary).
             DAPO's soft overlong punishment is the trainer's --overlong-buffer / --overlong-penalty,
-            added by the loop for every task (rpg_ref.shaping.overlong_penalty).
+            added by the loop for every task (rpg_ref.trainer.shaping.overlong_penalty).
             accuracy = fraction of responses whose answer is verified correct.
   evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with
   --math-eval-n
@@ -335,3 +335,16 @@ class MathTask:
 
     def close(self) -> None:
         self.scorer.close()
+
+
+if __name__ == "__main__":
+    # `python -m rpg_ref.tasks.math export OUT [DEST]`, the export command's first spelling, runs
+    # `python -m rpg_ref.export OUT [DEST]` (the export is a face: no task imports it)
+    import runpy
+    import sys
+
+    if sys.argv[1:2] != ["export"]:
+        sys.exit("usage: python -m rpg_ref.export OUT [DEST]   (also: python -m rpg_ref.tasks.math "
+                 "export OUT [DEST])")
+    sys.argv = ["python -m rpg_ref.export", *sys.argv[2:]]
+    runpy.run_module("rpg_ref.export", run_name="__main__", alter_sys=True)

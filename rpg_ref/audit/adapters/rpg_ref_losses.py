@@ -1,12 +1,12 @@
-"""rpg-ref's own losses (rpg_ref.losses) as audit adapters: the 8 rpg losses at level token and
+"""rpg-ref's own losses (rpg_ref.core.losses) as audit adapters: the 8 rpg losses at level token and
 sequence, grpo, grpo-corrected, dapo and reinforce++ (k1 in the reward, return-to-go)."""
 
 from __future__ import annotations
 
-from rpg_ref.advantages import kl_return_to_go
 from rpg_ref.audit.adapter import BETA, Adapter
 from rpg_ref.audit.adapters.common import AGG
-from rpg_ref.losses import LOSSES, SPECS
+from rpg_ref.core.advantages import kl_return_to_go
+from rpg_ref.core.losses import LOSSES, SPECS
 
 RPG = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")]
 

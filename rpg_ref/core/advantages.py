@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rpg_ref.loss_spec import check_beta
+from rpg_ref.core.loss_spec import check_beta
 
 __all__ = [
     "ADVANTAGES",

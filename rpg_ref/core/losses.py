@@ -12,7 +12,7 @@ as "Proposition 3.2 (prop:...)": the PDF's number, then the LaTeX label
     u   = pi_ref(x)  / pi_old(x)       = w / rho                 (constant)
     A   = advantages (R - b; pass R itself for the paper's literal formulas)
 
-``LOSSES[name](...)`` runs the closed-form kernel of rpg_ref/losses_fused.py (faster; the same
+``LOSSES[name](...)`` runs the closed-form kernel of rpg_ref/core/losses_fused.py (faster; the same
 values, gradients and statistics to 1e-12: tests/test_losses_reference.py); ``impl="reference"``
 runs the functions below through autograd.
 
@@ -36,9 +36,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rpg_ref.divergences import DIVERGENCES
-from rpg_ref.loss_checks import check_sample_weight, check_tensors, data_checks, refuse_bad_data
-from rpg_ref.loss_spec import (
+from rpg_ref.core.divergences import DIVERGENCES
+from rpg_ref.core.loss_checks import (
+    check_sample_weight,
+    check_tensors,
+    data_checks,
+    refuse_bad_data,
+)
+from rpg_ref.core.loss_spec import (
     AGGREGATIONS,
     LEVELS,
     LossOptions,
@@ -47,7 +52,7 @@ from rpg_ref.loss_spec import (
     parse_clip,
     resolve,
 )
-from rpg_ref.losses_fused import FUSED_LOSSES, fused_loss
+from rpg_ref.core.losses_fused import FUSED_LOSSES, fused_loss
 
 __all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions",
            "LossSpec", "UnitLoss", "Units", "cached_options", "check_beta", "check_options",
@@ -68,7 +73,7 @@ def get_loss(name: str) -> Callable:
     return LOSSES[name]
 
 
-# --- a loss's options by its name (the rules themselves: rpg_ref/loss_spec.py) ---
+# --- a loss's options by its name (the rules themselves: rpg_ref/core/loss_spec.py) ---
 
 def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
                   no_clip: bool = False) -> LossOptions:
@@ -105,7 +110,7 @@ def cached_options(name: str, *, beta, clip=None, level: str = "token",
 
 def loss_beta(name: str, beta: float) -> float:
     """The beta the loss itself receives: 0 where the KL lives in the reward (reinforce++: beta,
-    checked here, goes to rpg_ref.advantages.reinforce_pp), else beta."""
+    checked here, goes to rpg_ref.core.advantages.reinforce_pp), else beta."""
     check_beta(beta)
     return 0.0 if get_loss(name).spec.kl_in_reward else beta
 
@@ -198,9 +203,9 @@ _CALL_DOC = """
     no dual clip. agg: token-mean, seq-mean-token-mean or seq-mean-token-sum. sample_weight: None,
     or a constant weight >= 0 of each unit's loss term before aggregation, [B, T] (level "token")
     or [B] (one per response, any level): the rollout correction's pi_old / pi_sampler
-    (rpg_ref.rollout_correction). impl: "fused" or "reference" (autograd). options: a LossOptions
-    resolved once for this loss (rpg_ref.losses.check_options or run_options), instead of beta,
-    clip, level and agg (a trainer's per-call path).
+    (rpg_ref.trainer.rollout_correction). impl: "fused" or "reference" (autograd). options: a
+    LossOptions resolved once for this loss (rpg_ref.core.losses.check_options or run_options),
+    instead of beta, clip, level and agg (a trainer's per-call path).
     Returns (loss, stats): stats are detached 0-dim tensors clip_frac_low, clip_frac_high,
     clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old (token-mean
     estimate of KL(pi_theta || pi_old)).
@@ -223,7 +228,7 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
                 options = cached_options(name, beta=beta, clip=clip, level=level, agg=agg)
             elif not isinstance(options, LossOptions) or options.loss != name:
                 raise ValueError(f"{name}: options must be a LossOptions resolved for {name} "
-                                 f"(rpg_ref.losses.check_options), got {options!r}")
+                                 f"(rpg_ref.core.losses.check_options), got {options!r}")
             elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
                 raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
             check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
@@ -288,7 +293,7 @@ def reference_loss(formula, opts: LossOptions, logp, old_logp, advantages, mask,
         "kl_old": ((w_t * lw_t - w_t + 1) * m).sum() / n.sum()}            # E_old[w log w - w + 1]
 
 
-# --- the KL term d of a loss, from the one table of rpg_ref/divergences.py ---
+# --- the KL term d of a loss, from the one table of rpg_ref/core/divergences.py ---
 
 def kl_term(x: Units, kl: str) -> Tensor:
     """d(x) of the row ``kl`` of DIVERGENCES: E_old[d] = D(pi_theta, pi_ref) for every theta."""
@@ -425,7 +430,7 @@ def grpo_corrected(x: Units, beta: float, bounds):
 def ppo_clip(x: Units, beta: float, bounds):
     """PPO clip on A with no KL term in the loss (beta must be 0). dapo (Yu et al. 2025):
     clip-higher (default eps (0.2, 0.28)), no KL anywhere. reinforce++ (Hu et al. 2025,
-    arXiv:2501.03262): token advantages from rpg_ref.advantages.reinforce_pp (k1 KL to pi_ref in
-    the reward, return to go, batch whitening; reinforce++-baseline subtracts the group-mean
+    arXiv:2501.03262): token advantages from rpg_ref.core.advantages.reinforce_pp (k1 KL to pi_ref
+    in the reward, return to go, batch whitening; reinforce++-baseline subtracts the group-mean
     reward first). stats["kl"] reports the UKL(pi_theta || pi_ref) estimate w k3(1/rho)."""
     return dual_clip(x.w, x.A, bounds), kl_term(x, "urkl")

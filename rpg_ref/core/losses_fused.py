@@ -1,14 +1,14 @@
-"""The fast path of rpg_ref.losses: every loss in one pure function, gradients in closed form.
+"""The fast path of rpg_ref.core.losses: every loss in one pure function, gradients in closed form.
 
-rpg_ref/losses.py is the specification: each loss written as the paper writes it and
+rpg_ref/core/losses.py is the specification: each loss written as the paper writes it and
 differentiated by autograd (``impl="reference"``). ``LOSSES[name](...)`` runs this module instead
 (the default, ``impl="fused"``): one function, ``loss_kernel``, computes the loss value, its
 derivative with respect to log pi_theta from the hand-derived formulas below, every statistic and
 the data checks, with no autograd graph. It answers to the reference: tests/test_losses_reference.py
 compares values, gradients and statistics to 1e-12 (float64) for every loss, clip setting,
 reference setting, level and aggregation. Only first derivatives exist (a double backward raises).
-Both paths share the KL terms (rpg_ref/divergences.py: each estimate d with its closed-form
-derivatives) and the input checks (rpg_ref/loss_checks.py).
+Both paths share the KL terms (rpg_ref/core/divergences.py: each estimate d with its closed-form
+derivatives) and the input checks (rpg_ref/core/loss_checks.py).
 
 Inputs with at least FUSE_MIN_NUMEL entries run the kernel fused by torch.compile (the same Python
 function traced, not a second implementation; sizes dynamic, a few seconds to compile each setting
@@ -17,7 +17,7 @@ on first use). ``RPG_REF_COMPILE=0`` always runs it op by op, ``=1`` insists on 
 triton on CUDA). Fused and op by op agree to float rounding (tests/test_losses_fused.py).
 
 The kernel takes the loss's LossSpec vocabulary: its family ("rpg", "rpg-reinforce",
-"baseline") and its KL term (a row of rpg_ref.divergences.DIVERGENCES), whose columns ``score``
+"baseline") and its KL term (a row of rpg_ref.core.divergences.DIVERGENCES), whose columns ``score``
 (h = (dd / d log pi_theta) / w) and ``per_ratio`` (g = d / w, g' = dg / d log rho) replace autograd.
 """
 
@@ -29,13 +29,13 @@ import warnings
 
 import torch
 
-from rpg_ref.divergences import DIVERGENCES
-from rpg_ref.loss_checks import data_checks, refuse_bad_data, row_sum
+from rpg_ref.core.divergences import DIVERGENCES
+from rpg_ref.core.loss_checks import data_checks, refuse_bad_data, row_sum
 
 FUSE_MIN_NUMEL = 1 << 16   # below this, compiling (seconds per setting) costs more than it saves
 
-# The losses of rpg_ref.losses that the kernel computes from their LossSpec (family, kl), each held
-# against its own formula by tests/test_losses_reference.py. Any other registered loss (a new
+# The losses of rpg_ref.core.losses that the kernel computes from their LossSpec (family, kl), each
+# held against its own formula by tests/test_losses_reference.py. Any other registered loss (a new
 # formula in an existing family, say) runs its formula through autograd.
 FUSED_LOSSES = frozenset({
     "rpg-fkl", "rpg-rkl", "rpg-ufkl", "rpg-urkl",
@@ -207,7 +207,7 @@ def _use_fused(numel: int, device_type: str) -> bool:
         _NO_FUSION[device_type] = _fusion_unavailable(device_type)
         if _NO_FUSION[device_type] and mode == "auto":
             warnings.warn(
-                f"rpg_ref.losses: cannot fuse the loss kernel on {device_type} "
+                f"rpg_ref.core.losses: cannot fuse the loss kernel on {device_type} "
                 f"({_NO_FUSION[device_type]}); running it op by op: same numbers, slower. "
                 f"RPG_REF_COMPILE=0 silences this.",
                 stacklevel=6,
@@ -254,9 +254,9 @@ class PrecomputedGradient(torch.autograd.Function):
 
 def fused_loss(spec, opts, logp, old_logp, advantages, mask, ref_logp, *, clamp: float,
                sample_weight=None):
-    """(loss differentiable in logp, detached stats) of the loss of rpg_ref.losses that ``spec``
-    (its LossSpec) describes, with ``opts`` (its LossOptions, resolved); the caller has checked the
-    shapes (check_tensors); bad data raises here."""
+    """(loss differentiable in logp, detached stats) of the loss of rpg_ref.core.losses that
+    ``spec`` (its LossSpec) describes, with ``opts`` (its LossOptions, resolved); the caller has
+    checked the shapes (check_tensors); bad data raises here."""
     with torch.no_grad():
         value, grad, stats, checks = run_kernel(
             spec.family, spec.kl, logp.detach(), old_logp.detach(), advantages.detach(), mask,

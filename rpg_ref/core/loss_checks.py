@@ -1,5 +1,5 @@
-"""Input checks of the losses, shared by the reference (rpg_ref/losses.py) and the fast kernel
-(rpg_ref/losses_fused.py): shapes and dtypes before any work (``check_tensors``), then the data
+"""Input checks of the losses, shared by the reference (rpg_ref/core/losses.py) and the fast kernel
+(rpg_ref/core/losses_fused.py): shapes and dtypes before any work (``check_tensors``), then the data
 (``data_checks``, reduced in the kernel's own pass, and ``refuse_bad_data``, one host sync)."""
 
 from __future__ import annotations

@@ -7,23 +7,25 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
          (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
-         weights pi_old(x) / pi_sampler(x) from the engine's log-probs, rpg_ref.rollout_correction)
-      4. A = advantage(R)  (group mean by default; rpg_ref.advantages)                 train, "4."
+         weights pi_old(x) / pi_sampler(x) from the engine's log-probs: trainer.rollout_correction)
+      4. A = advantage(R)  (group mean by default; core.advantages)                   train, "4."
       5. for k = 1 .. K, over shuffled mini-batches:                                  update
-           L = loss(log pi_theta, log pi_old, A; beta, pi_ref, clip)  (rpg_ref.losses)
+           L = loss(log pi_theta, log pi_old, A; beta, pi_ref, clip)  (core.losses)
            stop early if the running KL(pi_theta || pi_old) estimate > kappa
            AdamW step on L
       6. pi_old <- pi_theta: nothing to copy, the next rollout samples from it        train, "6."
-      7. log metrics (rpg_ref.metrics), checkpoint atomically (rpg_ref.checkpoint)    train, "7."
+      7. log metrics (trainer.metrics), checkpoint atomically (trainer.checkpoint)    train, "7."
+
+(module names above are under rpg_ref.)
 
 With ``--ref iterative`` (the default) pi_ref = pi_old: the loss gets ``ref_logp=None`` and one
 model lives in memory. ``--ref init`` keeps a frozen copy of the initial policy as pi_ref (GRPO's
 setting): a second model. Losses and advantages are imported, never re-implemented here.
 
-Everything else lives next door: the flags and presets in rpg_ref/config.py and rpg_ref/cli.py,
-what a task or an engine must provide in rpg_ref/interfaces.py, the tasks in rpg_ref/tasks/, the
-samplers in rpg_ref/engines/, checkpoints in rpg_ref/checkpoint.py, the metric keys in
-rpg_ref/metrics.py.
+Everything else lives next door: the flags and presets in rpg_ref/trainer/config.py and
+rpg_ref/cli.py, what a task or an engine must provide in rpg_ref/interfaces.py, the tasks in
+rpg_ref/tasks/, the samplers in rpg_ref/engines/, checkpoints in rpg_ref/trainer/checkpoint.py, the
+metric keys in rpg_ref/trainer/metrics.py.
 """
 
 from __future__ import annotations
@@ -41,19 +43,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from rpg_ref import distributed as D
-from rpg_ref.advantages import compute_advantages
-from rpg_ref.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
-from rpg_ref.config import Config, loss_options, resolved_adv
+from rpg_ref.core.advantages import compute_advantages
+from rpg_ref.core.kl import k3
+from rpg_ref.core.losses import LOSSES, LossOptions
 from rpg_ref.interfaces import Batch, collate
-from rpg_ref.kl import k3
-from rpg_ref.logprobs import micro_batches, token_logprobs
-from rpg_ref.losses import LOSSES, LossOptions
-from rpg_ref.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
+from rpg_ref.models.logprobs import micro_batches, token_logprobs
 from rpg_ref.registry import ENGINES, TASKS, resolve
-from rpg_ref.rollout_correction import weights_for_batch
-from rpg_ref.shaping import overlong_penalty
 from rpg_ref.strict_json import dumps, loads
+from rpg_ref.trainer import distributed as D
+from rpg_ref.trainer.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
+from rpg_ref.trainer.config import Config, loss_options, resolved_adv
+from rpg_ref.trainer.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
+from rpg_ref.trainer.rollout_correction import weights_for_batch
+from rpg_ref.trainer.shaping import overlong_penalty
 
 # =============================================================================================
 # 1-2. rollout: sample with pi_old, score, DAPO dynamic sampling
@@ -115,7 +117,7 @@ def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Ba
 @torch.no_grad()
 def batch_logprobs(model: nn.Module, b: Batch, cfg: Config, entropy: bool) -> tuple:
     """Behaviour (or reference) log-probs [N, T] of the whole batch (and the entropy), micro-batch
-    by micro-batch (rpg_ref.logprobs: padding cut, LM head in chunks); 0 at padding."""
+    by micro-batch (rpg_ref.models.logprobs: padding cut, LM head in chunks); 0 at padding."""
     logp = ent = None
     max_seqs = cfg.micro_batch_size or cfg.mini_batch_size
     for idx, ub in micro_batches(b, max_seqs, cfg.micro_batch_tokens):
@@ -141,8 +143,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
            loss_opts: LossOptions) -> dict:
     """The inner loop: K optimizer steps on mini-batches of M responses, reshuffled every pass,
     each accumulated over micro-batches (at most --micro-batch-size responses and
-    --micro-batch-tokens tokens: rpg_ref.logprobs.micro_batches). Stops before a step when the
-    running mean of stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa."""
+    --micro-batch-tokens tokens: rpg_ref.models.logprobs.micro_batches). Stops before a step when
+    the running mean of stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa."""
     loss_fn, N, M = LOSSES[cfg.algo], len(b), cfg.mini_batch_size  # N: this rank's rows
     m = M // D.world()  # this rank's rows of each mini-batch of M
     mu, per_pass = cfg.micro_batch_size or m, N // m
@@ -227,7 +229,7 @@ class Run(NamedTuple):
     engine: Any  # rpg_ref.interfaces.Engine
     opt: torch.optim.Optimizer
     gen: torch.Generator  # the prompt stream
-    loss: LossOptions  # the loss's options, resolved once (rpg_ref.config.loss_options)
+    loss: LossOptions  # the loss's options, resolved once (rpg_ref.trainer.config.loss_options)
 
 
 def prepare(cfg: Config) -> Run:
@@ -329,7 +331,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         with D.gathered(policy):
             engine.sync_weights(policy)
 
-        # --- 7. metrics (keys explained in rpg_ref/metrics.py) and checkpoint ---
+        # --- 7. metrics (keys explained in rpg_ref/trainer/metrics.py) and checkpoint ---
         n_tok = m.sum()  # every value is over all ranks' rows (D.ratio, D.mean, D.reduce_*)
         kl_ref = (
             0.0 if ref is None else D.ratio((k3(batch.ref_logp - batch.old_logp) * m).sum(), n_tok)

@@ -174,12 +174,12 @@ def shard(model: nn.Module | None) -> nn.Module | None:
 
 
 def _hidden_through_root(model: nn.Module) -> None:
-    """rpg_ref.logprobs applies the LM head in chunks to the hidden states it gets from
+    """rpg_ref.models.logprobs applies the LM head in chunks to the hidden states it gets from
     ``lm_parts``, which calls the inner model directly: that would skip the root's FSDP hooks (the
     embeddings, final norm and head stay sharded, their gradients are never reduced). Sharded, the
     hidden states come from the root's own forward (output_hidden_states: the last entry is the
     final norm's output, last_hidden_state) and the head runs on the root's unsharded weights."""
-    from rpg_ref.logprobs import LMParts, lm_parts
+    from rpg_ref.models.logprobs import LMParts, lm_parts
 
     parts = lm_parts(model)
     if parts is None:

@@ -1,6 +1,6 @@
 """Rollout correction: importance weights for a sampler whose distribution mu is not pi_old.
 
-Every loss of rpg_ref.losses is built so that E_{x ~ pi_old}[grad L(x)] = -grad J. The trainer
+Every loss of rpg_ref.core.losses is built so that E_{x ~ pi_old}[grad L(x)] = -grad J. The trainer
 recomputes log pi_old(x) itself, but x was drawn by the engine, whose distribution mu can differ
 from pi_old (a bf16 vLLM sampling for an fp32 trainer). Then E_{x ~ mu}[grad L] is not -grad J;
 weighting each sample's loss by r = pi_old(x) / mu(x) restores it, since E_mu[r f] = E_old[f]:
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rpg_ref import distributed as D
-from rpg_ref.losses import LOG_RATIO_CLAMP
+from rpg_ref.core.losses import LOG_RATIO_CLAMP
+from rpg_ref.trainer import distributed as D
 
 MODES = ("none", "tis", "mis")
 LEVELS = ("token", "sequence")

@@ -1,11 +1,12 @@
 """The KL terms of the losses, one row each: the per-unit estimate d and its closed-form pieces.
 
-Both implementations of rpg_ref.losses read this table: the reference losses (rpg_ref/losses.py)
-put ``estimate`` into their formulas and let autograd differentiate it; the fast kernel
-(rpg_ref/losses_fused.py) uses ``score`` and ``per_ratio``, the hand-derived derivatives, instead
-of autograd. tests/test_divergences.py holds each derivative against autograd of ``estimate``.
+Both implementations of rpg_ref.core.losses read this table: the reference losses
+(rpg_ref/core/losses.py) put ``estimate`` into their formulas and let autograd differentiate it; the
+fast kernel (rpg_ref/core/losses_fused.py) uses ``score`` and ``per_ratio``, the hand-derived
+derivatives, instead of autograd. tests/test_divergences.py holds each derivative against autograd
+of ``estimate``.
 
-Notation of rpg_ref.losses, per unit x ~ pi_old (a token or a whole response):
+Notation of rpg_ref.core.losses, per unit x ~ pi_old (a token or a whole response):
     w  = pi_theta / pi_old,  lr = log rho = log(pi_theta / pi_ref),  u = pi_ref / pi_old = w / rho
     u_w = u / w = 1 / rho    (the kernel takes u / w, which is 1/rho and stays the exact derivative
                               of d when the log-ratios are clamped, where u / w and 1/rho differ)

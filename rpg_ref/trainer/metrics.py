@@ -22,7 +22,7 @@ bar, and the memory probes.
     logprob_diff_max       max |sampler log-prob - recomputed log-prob| (engines that report them)
     rc_weight_mean         --rollout-correction tis|mis: mean weight min(r, C) or r 1{r <= C} over
                            units (tokens or responses), r = pi_old / pi_sampler
-                           (rpg_ref.rollout_correction)
+                           (rpg_ref.trainer.rollout_correction)
     rc_capped_frac         fraction of units with r > C (truncated to C by tis, weight 0 by mis)
     rc_log_ratio_max       max |log r| over units (0 when the sampler is exactly pi_old)
     rc_ess                 effective sample size fraction of the weights, (sum w)^2 / (n sum w^2)
@@ -35,8 +35,8 @@ bar, and the memory probes.
     peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
     eval_*                 task evaluation (every --eval-every steps and at the end)
 
-Under torchrun (rpg_ref/distributed.py) every value covers all ranks' responses; time_* are rank
-0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
+Under torchrun (rpg_ref/trainer/distributed.py) every value covers all ranks' responses; time_* are
+rank 0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rpg_ref.checkpoint import atomic_write
 from rpg_ref.strict_json import dumps, loads
+from rpg_ref.trainer.checkpoint import atomic_write
 
 
 class MetricsLog:

@@ -16,7 +16,7 @@ import itertools
 import torch
 from torch import Tensor
 
-from rpg_ref import kl, losses
+from rpg_ref.core import kl, losses
 
 __all__ = ["Autoregressive", "divergence", "expected_loss", "expected_loss_grad", "objective",
            "objective_grad"]
@@ -31,7 +31,7 @@ _DIVERGENCES = {
 
 
 def divergence(div: str, logp_theta: Tensor, logp_ref: Tensor) -> Tensor:
-    """D(pi_theta, pi_ref) from rpg_ref.kl; pi_ref may be an unnormalized measure.
+    """D(pi_theta, pi_ref) from rpg_ref.core.kl; pi_ref may be an unnormalized measure.
 
     fkl: KL(ref||theta)   rkl: KL(theta||ref)   ufkl: UKL(ref||theta)   urkl: UKL(theta||ref)
     """

@@ -1,9 +1,9 @@
 """What a loss is besides its formula, and the rules of its options, stated once.
 
-``LossSpec`` describes a loss of rpg_ref.losses (its family, its KL term, its defaults); both the
-reference formulas and the fast kernel read it. ``LossOptions`` is a loss's options resolved and
-validated once (``resolve``): the trainer builds one per run (rpg_ref.config.loss_options) and
-passes it to every call; a library call with loose keywords resolves them on its first call.
+``LossSpec`` describes a loss of rpg_ref.core.losses (its family, its KL term, its defaults); both
+the reference formulas and the fast kernel read it. ``LossOptions`` is a loss's options resolved and
+validated once (``resolve``): the trainer builds one per run (rpg_ref.trainer.config.loss_options)
+and passes it to every call; a library call with loose keywords resolves them on its first call.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rpg_ref.divergences import DIVERGENCES
+from rpg_ref.core.divergences import DIVERGENCES
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LEVELS = ("token", "sequence")
@@ -24,10 +24,10 @@ class LossSpec:
     name: str
     family: str                 # FAMILIES: "rpg" (fully differentiable), "rpg-reinforce" (stop-
                                 # gradient weight) or "baseline" (PPO clip on A)
-    kl: str                     # its KL term, a row of rpg_ref.divergences.DIVERGENCES: beta
+    kl: str                     # its KL term, a row of rpg_ref.core.divergences.DIVERGENCES: beta
                                 # times it is in the loss, stats["kl"] reports it (beta = 0: only
                                 # reported)
-    advantage: str              # default estimator in rpg_ref.advantages.ADVANTAGES
+    advantage: str              # default estimator in rpg_ref.core.advantages.ADVANTAGES
     paper_label: str
     kl_in_reward: bool = False  # the KL goes into the advantage: the loss takes beta = 0
     has_kl: bool = True         # False only for dapo (no KL anywhere)
@@ -113,7 +113,7 @@ def resolve(spec: LossSpec, *, beta, clip=None, level: str = "token", agg: str =
         raise ValueError(f"{name} has no KL in the reward; got reward_beta={reward_beta}: use 0")
     if beta != 0 and spec.kl_in_reward:
         raise ValueError(f"{name} puts its k1 KL penalty into the reward: pass beta to "
-                         f"rpg_ref.advantages.reinforce_pp and call the loss with beta=0; "
+                         f"rpg_ref.core.advantages.reinforce_pp and call the loss with beta=0; "
                          f"got beta={beta}")
     eps = parse_clip(clip)
     if no_clip and clip is not None:

@@ -3,8 +3,8 @@
 Each field's ``help`` is its --help text (rpg_ref/cli.py builds the parser from this dataclass).
 A preset holds only the values that differ from the dataclass defaults; options of a task or an
 engine are written "<task>_<option>". A loss's own options (beta, clip, level, agg) are resolved
-and checked once by rpg_ref.losses.run_options (``loss_options``: the frozen value the loop passes
-to every loss call); ``validate`` states every other rule once.
+and checked once by rpg_ref.core.losses.run_options (``loss_options``: the frozen value the loop
+passes to every loss call); ``validate`` states every other rule once.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-import rpg_ref.losses as L
-import rpg_ref.rollout_correction as RC
-from rpg_ref.advantages import ADVANTAGES, GROUP_ESTIMATORS
-from rpg_ref.checkpoint import latest_step
+import rpg_ref.core.losses as L
+import rpg_ref.trainer.rollout_correction as RC
+from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import loads
+from rpg_ref.trainer.checkpoint import latest_step
 
 
 def _f(default, help: str, **kw):
@@ -60,11 +60,12 @@ class Config:
         "runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)"
     )
     # --- algorithm ---
-    algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.losses.LOSSES")
+    algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.core.losses.LOSSES")
     beta: float = _f(1e-3, "KL coefficient (for reinforce++ it enters the reward; dapo has no KL "
                      "and uses 0 unless --beta is given)")
     adv: str = _f(
-        "auto", "advantage estimator in rpg_ref.advantages.ADVANTAGES; auto = the loss's default"
+        "auto",
+        "advantage estimator in rpg_ref.core.advantages.ADVANTAGES; auto = the loss's default",
     )
     clip: list | None = _f(None, "clipping eps_low eps_high [c]: PPO / RPG-Style dual clip (c > 1, "  # noqa: RUF009
                            "'inf' = no dual bound). Default: the loss's own (none for rpg losses)",

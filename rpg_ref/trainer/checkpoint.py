@@ -56,7 +56,7 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
     then delete all but the latest ``keep`` checkpoints (0: keep all)."""
     from safetensors.torch import save_model
 
-    from rpg_ref import distributed as D
+    from rpg_ref.trainer import distributed as D
 
     rng = {**rng_state(), "prompt_gen": gen.get_state()}
     full = D.full_states(policy, ref, opt, rng)  # torchrun: gathered by every rank; else None
@@ -74,7 +74,7 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
             save_model(ref, str(tmp / "ref.safetensors"))
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
         torch.save(rng, tmp / "rng.pt")
-    else:  # the full state of a sharded run (rpg_ref.distributed.full_states)
+    else:  # the full state of a sharded run (rpg_ref.trainer.distributed.full_states)
         for name, content in full.items():
             (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
     (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg),
@@ -105,9 +105,9 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
     if not (root / "LATEST").exists():
         return 0
     ck = root / (root / "LATEST").read_text().strip()
-    from rpg_ref import distributed as D
+    from rpg_ref.trainer import distributed as D
 
-    if D.active():  # a sharded run: every rank loads its shards (rpg_ref.distributed)
+    if D.active():  # a sharded run: every rank loads its shards (rpg_ref.trainer.distributed)
         st = D.load_full_states(ck, policy, ref, opt)
         set_rng_state(st)
         gen.set_state(st["prompt_gen"])

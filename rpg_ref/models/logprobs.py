@@ -16,7 +16,7 @@ Micro-batches by tokens. The update accumulates a mini-batch's gradient over mic
 a token budget they are formed after sorting the sequences by length, so sequences of similar
 length share a micro-batch; every micro-batch is cut to its own longest prompt and response.
 Any partition gives the mini-batch gradient when each micro-batch's loss is weighted by its share
-(rpg_ref.train.update), so this changes only the cost.
+(rpg_ref.trainer.train.update), so this changes only the cost.
 
 A policy exposes hidden states and head either with a method ``lm_parts() -> LMParts | None``
 (rpg_ref.models.policy.HFPolicy: the parts of its model, run in its autocast and checkpointing), or
