@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import small_seq_argv
 
 import rpg_ref.core.losses as L
 from rpg_ref import cli
@@ -225,20 +226,7 @@ def test_bad_sample_weight_is_refused(weight, level, msg):
 # configuration and the trainer
 # ------------------------------------------------------------------------------------------
 
-SMALL_SEQ = [
-    "--task",
-    "seq",
-    "--prompts-per-step",
-    "4",
-    "--group-size",
-    "4",
-    "--mini-batch-size",
-    "8",
-    "--seq-eval-size",
-    "16",
-    "--steps",
-    "2",
-]
+SMALL_SEQ = small_seq_argv(steps=2)
 
 
 @pytest.mark.parametrize(
