@@ -158,9 +158,8 @@ ALL_KEYS = sorted(
 
 def tie_class(key: str, ref_old: bool, horizon: int) -> set[str]:
     """Candidates whose gradients equal key's for normalized policies: UKL = KL always; the
-    per-position
-    sum = the sequence divergence at H = 1, and for the forward direction whenever pi_ref = pi_old
-    (then prefixes ~ pi_old are prefixes ~ pi_ref)."""
+    per-position sum = the sequence divergence at H = 1, and for the forward direction whenever
+    pi_ref = pi_old (then prefixes ~ pi_old are prefixes ~ pi_ref)."""
     sign, base = ("-", key[1:]) if key.startswith("-") else ("", key)
     if base == "no-kl":
         return {"no-kl"}

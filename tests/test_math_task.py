@@ -314,8 +314,7 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
 def test_math_cpu_preset_runs_the_tiny_qwen3_on_real_problems(tmp_path, capsys):
     """`rpg-train --preset math-cpu` (here one step, 8 tokens, 2 evaluation problems) builds the
     tiny Qwen3 from the shared 0.6B config (2 layers of width 64, the real vocabulary), tokenizes
-    real
-    training problems with the real tokenizer, trains, evaluates Mean@k / Pass@k on AMC23 and
+    real training problems with the real tokenizer, trains, evaluates Mean@k / Pass@k on AMC23 and
     saves a checkpoint and the HF export."""
     from transformers import AutoConfig
 

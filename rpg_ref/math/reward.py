@@ -153,8 +153,7 @@ _PHRASE_RE = re.compile(r"^(?:[A-Za-z][A-Za-z',]*\s+){0,12}?(?:is|are|equals|was
 def _boxes(text: str) -> tuple[list, dict]:
     """(outer boxes, every closed box by start) for each \\boxed{...}/\\fbox{...} whose brace
     closes; a box is (start, content_start, content_end) and an outer box is inside no other. One
-    pass
-    with a stack of open braces: linear time (an unclosed box is skipped, never re-scanned)."""
+    pass with a stack of open braces: linear time (an unclosed box is skipped, never re-scanned)."""
     stack, by_start = [], {}
     for m in _BRACE_TOKEN_RE.finditer(text):
         tok = m.group()
