@@ -3,11 +3,12 @@
 The end of a training step writes its metrics row and, on a checkpoint step, its checkpoint; a
 signal between the two would leave a row whose checkpoint is missing. Inside ``signals_deferred()``
 the two signals are only recorded. When the section ends the previous handlers are back (exactly the
-objects that were installed) and each recorded signal is raised again, so it reaches them as if it
-had just arrived: Ctrl-C's KeyboardInterrupt, rpg-train's Interrupted for SIGTERM (rpg_ref/cli.py),
-or the default action. Outside a section nothing changes. A section that raises ends with its own
-exception (the run is ending either way). SIGKILL cannot wait: a resumed run drops metrics rows
-newer than its checkpoint (rpg_ref/trainer/metrics.py).
+objects that were installed) and the recorded signals are raised again in order of arrival, so they
+reach them as if they had just arrived: Ctrl-C's KeyboardInterrupt, rpg-train's Interrupted for
+SIGTERM (rpg_ref/cli.py), the default action, or nothing for an ignored one. Outside a section
+nothing changes. A section that raises ends with its own exception (the run is ending either way).
+SIGKILL cannot wait: a resumed run drops metrics rows newer than its checkpoint
+(rpg_ref/trainer/metrics.py).
 
 Only the main thread may set handlers: elsewhere the section is a no-op. Under torchrun every rank
 gets the signal and defers it in its own process. A section must hold no collective: a rank
@@ -33,9 +34,9 @@ def signals_deferred(signums=DEFERRED):
         yield
         return
     pending = []
-    for s in signums:
-        signal.signal(s, lambda signum, frame: pending.append(signum))
     try:
+        for s in signums:
+            signal.signal(s, lambda signum, frame: pending.append(signum))
         yield
     finally:
         _restore(previous)
