@@ -162,10 +162,8 @@ def test_interrupt_ends_with_one_line_and_the_resume_command(sig, tmp_path):
     assert f"interrupted ({signal.Signals(sig).name}) after step " in lines[0]
     done = int(lines[0].split("after step ")[1].split()[0])
     saved = int((out / "checkpoints" / "LATEST").read_text().strip().removeprefix("step_"))
-    # the checkpoint on disk is the last one the cadence (every 3 steps) reached: a signal that
-    # lands between step `done`'s metrics row and its checkpoint leaves the previous one
-    on_cadence = saved == done - done % 3 or (done % 3 == 0 and saved == done - 3)
-    assert done >= 4 and on_cadence, (done, saved, lines[0])
+    # the step's row and checkpoint are written together: the cadence's (every 3 steps) last one
+    assert done >= 4 and saved == done - done % 3, (done, saved, lines[0])
     assert f"checkpoint of step {saved}" in lines[0]
     assert lines[0].endswith(f"continue with: rpg-train --resume {out}")
     p = _start(["--resume", str(out), "--steps", str(done + 2), "--no-progress"], tmp_path)
@@ -173,6 +171,50 @@ def test_interrupt_ends_with_one_line_and_the_resume_command(sig, tmp_path):
     assert p.returncode == 0, err
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, done + 3))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_during_a_checkpoint_write_waits_for_the_checkpoint(sig, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A signal that arrives while step 3's checkpoint is being written (sent from inside the
+    write of its weights) lets the step end: its checkpoint is complete (its weights and optimizer
+    state are those of an uninterrupted run's step 3), the metrics rows stop at step 3 as well,
+    and the run then ends with the one line naming step 3 and the checkpoint of step 3."""
+    import safetensors.torch
+    import torch
+
+    argv = [*BANDIT, "--steps", "6", "--save-every", "3", "--keep-checkpoints", "0"]
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert cli.main([*argv, "--out", str(ref)]) == 0
+    save_model = safetensors.torch.save_model
+
+    def interrupted_save_model(model, path, *a, **kw):
+        os.kill(os.getpid(), sig)  # delivered before kill returns
+        return save_model(model, path, *a, **kw)
+
+    monkeypatch.setattr(safetensors.torch, "save_model", interrupted_save_model)
+    # Ctrl-C's handler, even in a suite started with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        capsys.readouterr()
+        rc, err = _run([*argv, "--out", str(out)], capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert rc == 128 + sig and len(err) == 1, err
+    assert f"interrupted ({signal.Signals(sig).name}) after step 3 of 6; saved: checkpoint of " \
+           f"step 3 " in err[0], err
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [
+        1, 2, 3]
+    ck, ck_ref = out / "checkpoints", ref / "checkpoints" / "step_000003"
+    assert (ck / "LATEST").read_text() == "step_000003"
+    assert sorted(p.name for p in ck.iterdir()) == ["LATEST", "step_000003"]  # no temp folder
+    assert json.loads((ck / "step_000003" / "state.json").read_text())["step"] == 3
+    a = safetensors.torch.load_file(ck / "step_000003" / "model.safetensors")
+    b = safetensors.torch.load_file(ck_ref / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa = torch.load(ck / "step_000003" / "optimizer.pt")["state"]
+    ob = torch.load(ck_ref / "optimizer.pt")["state"]
+    assert all(torch.equal(oa[i][k], ob[i][k]) for i in ob for k in ob[i])
 
 
 def test_run_interrupted_before_its_first_checkpoint_restarts_with_the_same_command(tmp_path):

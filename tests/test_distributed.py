@@ -2,9 +2,10 @@
 
 Each torchrun launch costs seconds, so they are shared: one launch of tests/distributed_worker.py
 (update equivalence, bytes per rank), one 2-rank bandit run (the regularized optimum, and the
-uninterrupted reference for resume), one run whose rank 1 is SIGKILLed, and its resume. These
-tests are marked ``distributed`` and left out of a plain ``pytest`` run (pyproject's addopts);
-run them with ``pytest -m distributed`` (CI does, in its own step).
+uninterrupted reference for resume), one run whose rank 1 is SIGKILLed and its resume, one run
+stopped by SIGTERM during a checkpoint write and its resume. These tests are marked
+``distributed`` and left out of a plain ``pytest`` run (pyproject's addopts); run them with
+``pytest -m distributed`` (CI does, in its own step).
 """
 
 from __future__ import annotations
@@ -217,6 +218,53 @@ def test_2_rank_run_resumes_bitwise_after_sigkill(killed_rank, bandit_2_ranks):
         {k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rs
     ]
     assert strip(rows(out)) == strip(rows(bandit_2_ranks))
+
+
+# rank 0 asks torchrun to stop (SIGTERM to the launcher, which sends SIGTERM to every rank) from
+# inside the write of step 3's weights, and is still writing them a second later
+SIGTERM_IN_CHECKPOINT = r"""
+import os, signal, sys, time
+import safetensors.torch
+from rpg_ref.cli import main
+save_model = safetensors.torch.save_model
+def interrupted_save_model(model, path, *a, **kw):
+    if os.environ["RANK"] == "0" and "step_000003" in path:
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(1.0)  # the rank's own SIGTERM arrives meanwhile
+    return save_model(model, path, *a, **kw)
+safetensors.torch.save_model = interrupted_save_model
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_a_checkpoint_write_on_2_ranks(tmp_path):
+    """torchrun stopped (SIGTERM to every rank) while rank 0 writes step 3's checkpoint: the job
+    ends within 15 s of step 3's row (about 2 s on the 2-core machine; a rank left waiting for
+    another would hold it until torchrun's SIGKILL, 30 s after its SIGTERM: nothing collective
+    happens while a rank defers), rank 0 completes the checkpoint first (rows 1-3, LATEST at step
+    3, its one line names both), and a 2-rank --resume from it finishes the run."""
+    script, out = tmp_path / "run_with_sigterm.py", tmp_path / "run"
+    script.write_text(SIGTERM_IN_CHECKPOINT)
+    argv = [*BANDIT, "--steps", "5", "--save-every", "3", "--out", str(out)]
+    p = torchrun([str(script), *argv])
+    while not ((out / "metrics.jsonl").exists()
+               and (out / "metrics.jsonl").read_text().count("\n") >= 3):
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    t_row = time.time()
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("torchrun still running 120 s after step 3's row") from None
+    assert time.time() - t_row < 15, time.time() - t_row
+    lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+    assert p.returncode != 0 and len(lines) == 1, err[-3000:]
+    assert "interrupted (SIGTERM) after step 3 of 5; saved: checkpoint of step 3 " in lines[0]
+    assert [r["step"] for r in rows(out)] == [1, 2, 3]
+    assert (out / "checkpoints" / "LATEST").read_text() == "step_000003"
+    finish(torchrun(["-m", "rpg_ref.cli", "--resume", str(out), "--no-progress"]))
+    assert [r["step"] for r in rows(out)] == [1, 2, 3, 4, 5]
 
 
 def test_resume_on_another_world_size_is_refused(bandit_2_ranks, capsys):

@@ -78,3 +78,22 @@ def test_unbiased_rows_have_expectation_D_under_pi_old(kl):
     else:
         _, ukl = _exact("urkl", theta, old, ref)
         assert abs(mean - ukl) > 1e-3
+
+
+@pytest.mark.parametrize("kl", [k for k, D in DIVERGENCES.items() if D.unweighted is not None])
+def test_unweighted_form_is_the_estimate_and_its_gradient(kl):
+    """unweighted(lr, 1/rho) = (d, dd / d log pi_theta): the kernel's form of a term added with no
+    importance weight (GRPO's k3) equals the row's estimate and autograd's derivative of it, for
+    1/rho given either way the kernel computes it (exp(-lr), or 1/w when pi_ref = pi_old)."""
+    D = DIVERGENCES[kl]
+    lp, old, ref = _ratios(seed=4)
+    for ref_ in (ref, old):                                     # pi_ref apart, pi_ref = pi_old
+        x = lp.clone().requires_grad_(True)
+        w, lr, u = (x - old).exp(), x - ref_, (ref_ - old).exp()
+        d = D.estimate(w, lr, u)
+        (grad,) = torch.autograd.grad(d.sum(), x)
+        w, lr = w.detach(), lr.detach()
+        for inv_rho in (torch.exp(-lr), u / w):
+            got_d, got_grad = D.unweighted(lr, inv_rho)
+            assert (got_d - d.detach()).abs().max() < TOL * (1 + d.abs().max())
+            assert (got_grad - grad).abs().max() < TOL * (1 + grad.abs().max())

@@ -93,6 +93,29 @@ def test_resume_refuses_out(tmp_path, capsys):
     assert "drop --out" in capsys.readouterr().err
 
 
+def test_resume_drops_metrics_rows_newer_than_the_checkpoint(tmp_path):
+    """A run folder whose metrics.jsonl has rows past its latest checkpoint (as a SIGKILL between a
+    step's row and its checkpoint leaves it: here rows 4-5, altered, over the checkpoint of step 3)
+    resumes from the checkpoint: those rows are dropped and steps 4-5 are computed again, so the
+    rows (all but timings and memory) are exactly those of the uninterrupted run."""
+    argv = [*BANDIT, "--steps", "5", "--save-every", "3", "--keep-checkpoints", "0"]
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert cli.main([*argv, "--out", str(ref)]) == 0
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    ck = out / "checkpoints"
+    shutil.rmtree(ck / "step_000005")
+    (ck / "LATEST").write_text("step_000003")
+    (out / "summary.json").unlink()
+    stale = rows(out)
+    assert [r["step"] for r in stale] == [1, 2, 3, 4, 5]
+    for r in stale[3:]:
+        r["reward"] = -123.0  # rows that resume must not keep
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale))
+    assert cli.main(["--resume", str(out)]) == 0
+    strip = lambda x: {k: v for k, v in x.items() if not any(s in k for s in VOLATILE)}
+    assert [strip(x) for x in rows(out)] == [strip(x) for x in rows(ref)]
+
+
 @pytest.mark.parametrize("keep,expected", [(1, [5]), (2, [4, 5]), (0, [1, 2, 3, 4, 5])])
 def test_keep_checkpoints_keeps_the_latest_n(tmp_path, keep, expected):
     """--keep-checkpoints N keeps the latest N checkpoint folders (0 = all); LATEST names the

@@ -16,6 +16,8 @@ Columns, per row:
                             E_old[w h grad log pi_theta] (the REINFORCE weight's C_KL = -beta w h)
     per_ratio(lr, u_w)      (g, g') with g = d / w, a function of rho alone, and g' = dg / d lr
                             (Algorithm 1's clipped surrogate: A_hat = A - beta g)
+    unweighted(lr, 1/rho)   (d, dd / d log pi_theta), for the k3 row only: the PPO-clip kernel adds
+                            GRPO's penalty with no importance weight, computed from 1/rho
 Each of the four rows is the paper's term for its divergence up to a theta-independent constant
 (the same gradient), chosen so that the estimate is D itself. The fifth, "k3", is GRPO's published
 per-token penalty k3(pi_ref / pi_theta), with no importance weight: off-policy it estimates no
@@ -37,6 +39,9 @@ class Divergence(NamedTuple):
     score: Callable                 # h(w, lr, u_w) = (d d / d log pi_theta) / w
     per_ratio: Callable | None      # (lr, u_w) -> (g, g'), g = d / w
     unbiased: bool = True           # E_old[d] = D for every theta
+    # (lr, 1/rho) -> (d, dd / d log pi_theta) for a term added with no importance weight
+    # (GRPO's k3): the kernel's form, from 1/rho as it has it (1/w when pi_ref = pi_old)
+    unweighted: Callable | None = None
 
 
 DIVERGENCES: dict[str, Divergence] = {
@@ -64,5 +69,6 @@ DIVERGENCES: dict[str, Divergence] = {
         "none off-policy (GRPO's per-token k3)", "subsec:grpo_main",
         estimate=lambda w, lr, u: torch.exp(-lr) - 1.0 + lr,            # d = k3(pi_ref/pi_theta)
         score=lambda w, lr, u_w: (1.0 - torch.exp(-lr)) / w,            # h = (1 - 1/rho) / w
-        per_ratio=None, unbiased=False),
+        per_ratio=None, unbiased=False,
+        unweighted=lambda lr, inv_rho: (inv_rho - 1.0 + lr, 1.0 - inv_rho)),
 }

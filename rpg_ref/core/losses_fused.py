@@ -159,11 +159,14 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
             dual = neg & (-c * adv < value)
             value = torch.where(dual, -c * adv, value)
             grad = torch.where(dual, 0.0, grad)
-        # reported as stats["kl"]
-        kl_u = D.estimate(w, lr, u)
+        if D.unweighted is not None:                                        # grpo: k3, no weight
+            inv_rho = torch.reciprocal(w) if lu is None else torch.exp(-lr)     # 1/rho
+            kl_u, d_kl = D.unweighted(lr, inv_rho)
+        else:                               # grpo-corrected (reported only: dapo, reinforce++)
+            kl_u, d_kl = D.estimate(w, lr, u), None
         if beta != 0:                                                       # grpo, grpo-corrected
             value = value + beta * kl_u
-            grad = grad + beta * w * D.score(w, lr, None)
+            grad = grad + (beta * d_kl if d_kl is not None else beta * w * D.score(w, lr, None))
 
     # --- statistics (means over valid units; kl_old per token) ---
     tw, tlw = (w, lw) if level == "token" else (torch.exp(tok_lw), tok_lw)

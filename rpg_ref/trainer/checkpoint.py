@@ -50,16 +50,30 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator, cfg,
-                    keep: int = 1) -> None:
-    """Write checkpoints/step_XXXXXX into a temp dir, rename it into place, point LATEST at it,
-    then delete all but the latest ``keep`` checkpoints (0: keep all)."""
-    from safetensors.torch import save_model
-
+def checkpoint_state(policy, ref, opt, gen: torch.Generator) -> dict:
+    """{file name: content} of a checkpoint taken now: the policy and pi_ref (modules, for
+    save_model), the optimizer state and the RNG states. Under torchrun every rank calls it (it
+    gathers the shards: a collective, so the loop calls it before the section that writes); rank 0
+    gets the full state, the others {}."""
     from rpg_ref.trainer import distributed as D
 
     rng = {**rng_state(), "prompt_gen": gen.get_state()}
     full = D.full_states(policy, ref, opt, rng)  # torchrun: gathered by every rank; else None
+    if full is not None:
+        return full
+    files = {"model.safetensors": policy, "ref.safetensors": ref,
+             "optimizer.pt": opt.state_dict(), "rng.pt": rng}
+    return {name: content for name, content in files.items() if content is not None}
+
+
+def save_checkpoint(out: Path, step: int, state: dict, cfg, keep: int = 1) -> None:
+    """Write ``state`` (checkpoint_state) as checkpoints/step_XXXXXX into a temp dir, rename it into
+    place, point LATEST at it, then delete all but the latest ``keep`` checkpoints (0: keep all).
+    Only rank 0 writes; no collective."""
+    from safetensors.torch import save_model
+
+    from rpg_ref.trainer import distributed as D
+
     if not D.is_main():
         return
     root = out / "checkpoints"
@@ -68,15 +82,8 @@ def save_checkpoint(out: Path, step: int, policy, ref, opt, gen: torch.Generator
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    if full is None:
-        save_model(policy, str(tmp / "model.safetensors"))
-        if ref is not None:
-            save_model(ref, str(tmp / "ref.safetensors"))
-        torch.save(opt.state_dict(), tmp / "optimizer.pt")
-        torch.save(rng, tmp / "rng.pt")
-    else:  # the full state of a sharded run (rpg_ref.trainer.distributed.full_states)
-        for name, content in full.items():
-            (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
+    for name, content in state.items():
+        (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
     (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg),
                                                 "world_size": D.world()}))
     shutil.rmtree(final, ignore_errors=True)

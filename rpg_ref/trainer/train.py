@@ -51,8 +51,15 @@ from rpg_ref.models.logprobs import micro_batches, token_logprobs
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import dumps, loads
 from rpg_ref.trainer import distributed as D
-from rpg_ref.trainer.checkpoint import atomic_write, latest_step, load_checkpoint, save_checkpoint
+from rpg_ref.trainer.checkpoint import (
+    atomic_write,
+    checkpoint_state,
+    latest_step,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rpg_ref.trainer.config import Config, loss_options, resolved_adv
+from rpg_ref.trainer.interrupts import signals_deferred
 from rpg_ref.trainer.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.trainer.rollout_correction import weights_for_batch
 from rpg_ref.trainer.shaping import overlong_penalty
@@ -360,12 +367,16 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         row["peak_mem_mb"] = D.reduce_max({"m": peak_memory_mb(device)})["m"]  # the largest rank's
         if live_params is None:
             live_params = live_parameter_count()
-        if log:
-            log.write(row)
-        bar.update(step, cfg.steps, row)
+        ckpt = None
         if step % cfg.save_every == 0 or step == cfg.steps:
             bar.phase("checkpoint")
-            save_checkpoint(out, step, policy, ref, opt, gen, cfg, keep=cfg.keep_checkpoints)
+            ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective, kept outside
+        with signals_deferred():  # a signal waits until the row and the checkpoint are both written
+            if log:
+                log.write(row)
+            bar.update(step, cfg.steps, row)
+            if ckpt is not None:
+                save_checkpoint(out, step, ckpt, cfg, keep=cfg.keep_checkpoints)
     bar.close()
 
     if live_params is None:
