@@ -1,8 +1,8 @@
 """Item 1: the generalized policy gradient theorem, Proposition 2.1
 (thm:generalized_policy_gradient_theorem),
 
-    grad E_{x~pi_theta}[f(x, theta)] = E_{x~pi_theta}[f(x, theta) grad log pi_theta(x) + grad f(x,
-    theta)],
+    grad E_{x~pi_theta}[f(x, theta)]
+        = E_{x~pi_theta}[f(x, theta) grad log pi_theta(x) + grad f(x, theta)],
 
 for a K-outcome softmax. Symbolically f_k(theta) are arbitrary (undefined) differentiable
 functions; numerically f(x, theta) = R_x tanh(v_x . theta) + theta_x^2 / 2.

@@ -46,8 +46,8 @@ def _sym_residuals(form, S: SymSoftmax, which: str):
     if which == "L":
         L = sum(e[k] * form.loss(*args(k)) for k in range(S.K))
         return [S.d(L, j) + S.d(J, j) for j in range(S.K)]
-    # G: E[W grad log pi] = grad J; RF: grad L_RF = -E[V grad log pi] = -grad J, the same equation
-    # in V
+    # G:  E[W grad log pi] = grad J
+    # RF: grad L_RF = -E[V grad log pi] = -grad J, the same equation in V
     weight = form.grad_weight if which == "G" else form.rf_weight
     return [
         sum(e[k] * weight(*args(k)) * S.dlogp(k, j) for k in range(S.K)) - S.d(J, j)

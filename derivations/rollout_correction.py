@@ -20,8 +20,8 @@ and Monte Carlo:
            which is 0 when mu and pi_old differ only in the last token's distribution. The reward
            part (A depends on the whole response) keeps the suffix term.
   (cap)    with cap C, r = pi_old / mu:
-               tis  min(r, C)      E_mu[grad] = -grad J - sum_{x: r > C} (pi_old(x) - C mu(x)) grad
-               l(x) mis  r 1{r <= C}    E_mu[grad] = -grad J - sum_{x: r > C} pi_old(x) grad l(x)
+           tis  min(r, C)    E_mu[grad] = -grad J - sum_{x: r > C} (pi_old(x) - C mu(x)) grad l(x)
+           mis  r 1{r <= C}  E_mu[grad] = -grad J - sum_{x: r > C} pi_old(x) grad l(x)
            i.e. -E_mu[(r - C)_+ grad l] and -E_mu[r 1{r > C} grad l].
 """
 

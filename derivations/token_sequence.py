@@ -184,10 +184,9 @@ def check_token_vs_sequence(ck: Checker, fast: bool) -> None:
             level="token",
             agg="seq-mean-token-sum",
         )  # [27, 3]
-        G = torch.stack(
+        G = torch.stack(  # [27, 39] per-response grads
             [
                 torch.autograd.grad((dl[y] * tok[y]).sum(), th, retain_graph=True)[0].reshape(-1)
-                # [27, 39] per-response grads
                 for y in range(len(SEQS))
             ]
         )

@@ -46,9 +46,8 @@
 #
 # One more finding (derivations/ERRATA.md, E4): even at $\theta = \theta_{old}$ the published term's
 # gradient is $-\sum_x \pi_{ref}\nabla\log\pi_\theta = \nabla\mathrm{KL}(\pi_{ref}\|\pi_\theta)$,
-# the
-# **forward** KL — not the reverse UKL — whenever $\pi_{ref}\neq\pi_{old}$. The importance weight
-# matters even where its value is 1, because its gradient is not 0.
+# the **forward** KL — not the reverse UKL — whenever $\pi_{ref}\neq\pi_{old}$. The importance
+# weight matters even where its value is 1, because its gradient is not 0.
 
 # %%
 import torch

@@ -27,8 +27,9 @@
 # `rpg_ref.trainer.train` (`rpg-train`) runs the paper's loop (`sec:experiments`, the outer loop of
 # Algorithm `alg:offpolicy_rpg_rf_ppo_dualclip_v1`):
 #
-#     for step: sample a batch with pi_old (= the current policy), score it, compute advantages,
-#     then a few optimizer steps on LOSSES[algo](log pi_theta, old_logp, A, mask, beta, clip)
+#     for step:
+#         sample a batch with pi_old (= the current policy), score it, compute advantages,
+#         then a few optimizer steps on LOSSES[algo](log pi_theta, old_logp, A, mask, beta, clip)
 #
 # With the *iterative reference* (the paper's choice, `--ref iterative`) $\pi_{ref} = \pi_{old}$ is
 # reset every step, so the KL only limits each step. With a *fixed reference* (`--ref init`) the

@@ -52,8 +52,8 @@ def per_sample_grads(name: str, theta, old_logp, adv, x, beta: float):
 def grad_variance_data(scales=SCALES, beta: float = 0.5, n: int = 20_000, K: int = 6, seed: int = 0,
                        losses=LOSS_NAMES) -> dict:
     """Per scale s: KL(pi_theta || pi_old) and, per loss, the MC mean gradient, total variance of
-    one
-    sample's gradient and the standard error of that variance estimate (n samples, fixed seed)."""
+    one sample's gradient and the standard error of that variance estimate (n samples, fixed
+    seed)."""
     out = {"scale": np.asarray(scales, float), "beta": beta, "n": n, "K": K, "kl": [],
            **{name: {"var": [], "var_se": [], "mean_grad": []} for name in losses}}
     for i, s in enumerate(scales):

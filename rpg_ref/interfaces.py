@@ -2,7 +2,8 @@
 
     Prompt      one prompt: token ids + whatever the task's verifier needs
     Generation  what an engine returns: responses (token ids) and, optionally, the sampler's
-    log-probs Batch       a scored rollout batch as padded tensors (built by ``collate``)
+                log-probs
+    Batch       a scored rollout batch as padded tensors (built by ``collate``)
     Task        where prompts, rewards and evaluation come from     (rpg_ref/tasks/)
     Engine      who samples responses                               (rpg_ref/engines/)
 

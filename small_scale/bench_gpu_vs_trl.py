@@ -1,9 +1,8 @@
 """Benchmark on one GPU: rpg-train (math task, HF engine) vs TRL's GRPOTrainer, the same settings.
 
-    python small_scale/bench_gpu_vs_trl.py                         # Qwen3-0.6B, 4 prompts x 8, 256
-    tokens python small_scale/bench_gpu_vs_trl.py --model qwen3-1.7b --max-new-tokens 1024 --steps 4
-    python small_scale/bench_gpu_vs_trl.py --device cpu            # no GPU: the pipeline, tiny
-    model
+    python small_scale/bench_gpu_vs_trl.py                # Qwen3-0.6B, 4 prompts x 8, 256 tokens
+    python small_scale/bench_gpu_vs_trl.py --model qwen3-1.7b --max-new-tokens 1024 --steps 4
+    python small_scale/bench_gpu_vs_trl.py --device cpu   # no GPU: the pipeline, tiny model
 
 Not a test: it prints a table of ratios measured in one run. Needs a CUDA GPU and the bench extra
 (``pip install 'rpg-ref[bench]'``: trl, psutil); without them it stops with one line (exit 2).

@@ -1,8 +1,8 @@
 """GPU benchmark of `rpg-train --task math`: Qwen3-0.6B / 1.7B / 4B with the HF engine.
 
-    python small_scale/gpu_bench.py                       # quick: the three models, writes
-    small_scale/results/gpu.json python small_scale/gpu_bench.py --mode full           # 2,048-token
-    responses, one more step
+    # quick: the three models, writes small_scale/results/gpu.json
+    python small_scale/gpu_bench.py
+    python small_scale/gpu_bench.py --mode full           # 2,048-token responses, one more step
     python small_scale/gpu_bench.py --models qwen3-4b --max-new-tokens 8192 --mode full
     python small_scale/gpu_bench.py --device cpu          # no GPU: the whole pipeline, tiny model
 

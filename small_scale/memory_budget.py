@@ -2,8 +2,8 @@
 qwen3-4b-h100).
 
     python small_scale/memory_budget.py [--config PATH] [--gpu-gib 80] [--prompt-len 1024]
-                                        [--engine vllm|hf] [--unchunked] [--responses 2048 4096
-                                        8192] [--ranks N]
+                                        [--engine vllm|hf] [--unchunked] [--ranks N]
+                                        [--responses 2048 4096 8192]
 
 Counts parameters from a Hugging Face Qwen3 config.json (default: the shared Qwen3-4B config) and
 prints, for each response length, what is resident on the GPU in the two phases of a step:

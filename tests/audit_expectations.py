@@ -7,47 +7,41 @@ rho = pi_theta/pi_ref, w = pi_theta/pi_old, all per token unless "sequence":
                     every prefix h ~ pi_old: sum_t KL(pi||ref) (rkl, urkl) or sum_t KL(ref||pi)
                     (fkl, ufkl)
   rpg-* sequence    the same with whole-response ratios: the sequence divergence itself
-  k3(r), no weight  (1 - r) grad log pi   -> on-policy sum_h (pi - pi_ref) grad log pi = grad
-  KL_t(ref||pi);
-                    off-policy sum pi_old (1 - r) grad log pi: no candidate
-  w k3(r)           w log rho grad log pi -> sum pi log rho grad log pi = grad KL_t(pi||ref), any
-  theta
-  k1 = log rho      grad log pi           -> sum pi_old grad log pi = -grad KL_t(pi_old||pi): 0
-  on-policy;
-                    off-policy it RAISES the forward KL to pi_old (= "-tok-fkl" when pi_ref =
-                    pi_old)
+  k3(r), no weight  (1 - r) grad log pi   -> on-policy sum_h (pi - pi_ref) grad log pi
+                    = grad KL_t(ref||pi); off-policy sum pi_old (1 - r) grad log pi: no candidate
+  w k3(r)           w log rho grad log pi -> sum pi log rho grad log pi = grad KL_t(pi||ref),
+                    any theta
+  k1 = log rho      grad log pi           -> sum pi_old grad log pi = -grad KL_t(pi_old||pi):
+                    0 on-policy; off-policy it RAISES the forward KL to pi_old
+                    (= "-tok-fkl" when pi_ref = pi_old)
   k2 = (log rho)^2/2  log rho grad log pi -> on-policy grad KL_t(pi||ref); off-policy none
   abs = |log rho|   sign(log rho) grad log pi: none (0 only where rho = 1)
   k1+, k3+          value of k1/k3, gradient of k2: as k2
-  reinforce++       -w_t A_t, A_t = -beta sum_{s>=t} log(pi_old/pi_ref)(y_s): on-policy (w = 1, no
-  clip)
-                    E[sum_t grad log pi(y_t) sum_{s>=t} log rho_s] = grad KL(pi||ref) of whole
-                    responses; off-policy with pi_ref = pi_old the penalty is 0; otherwise clipped
-                    and
-                    per-token: none
+  reinforce++       -w_t A_t, A_t = -beta sum_{s>=t} log(pi_old/pi_ref)(y_s): on-policy
+                    (w = 1, no clip) E[sum_t grad log pi(y_t) sum_{s>=t} log rho_s]
+                    = grad KL(pi||ref) of whole responses; off-policy with pi_ref = pi_old the
+                    penalty is 0; otherwise clipped and per-token: none
 
-  k * exp(log pi - sg log pi)   (NeMo-RL twin) grad k + k grad log pi: k1 -> (1 + log rho), k3 ->
-  log rho:
-                    on-policy sum_t KL(pi||ref); k2 -> (log rho + log^2 rho / 2): none; off-policy
-                    none
-  k * w, w differentiable  (slime twin; DeepSeek-V3.2 for k3): k1, k3 -> E_old[w log rho grad log
-  pi] =
-                    sum_t KL(pi||ref) for every theta; k2 -> none
-  k1 in reward, A_t = R - beta k1_t(old) (no future terms): on-policy E[k1_t grad log pi_t] =
-                    grad sum_t KL(pi||ref) (= k2 as a loss); off-policy: 0 when pi_ref = pi_old,
-                    else none
+  k * exp(log pi - sg log pi)   (NeMo-RL twin) grad k + k grad log pi:
+                    k1 -> (1 + log rho), k3 -> log rho: on-policy sum_t KL(pi||ref);
+                    k2 -> (log rho + log^2 rho / 2): none; off-policy none
+  k * w, w differentiable  (slime twin; DeepSeek-V3.2 for k3):
+                    k1, k3 -> E_old[w log rho grad log pi] = sum_t KL(pi||ref) for every theta;
+                    k2 -> none
+  k1 in reward, A_t = R - beta k1_t(old) (no future terms): on-policy E[k1_t grad log pi_t]
+                    = grad sum_t KL(pi||ref) (= k2 as a loss); off-policy: 0 when
+                    pi_ref = pi_old, else none
   no_grad KL (SkyRL 0.3.1): gradient 0 everywhere ("0 (no KL)")
-  KL unbiased_gradient (OpenRLHF): w k2 with w = pi/pi_old detached -> w log rho grad log pi: sum_t
-                    KL(pi||ref) for every theta (the clamp w <= 10 does not bind at the default
-                    steps)
-  k3 of (old, ref) in the reward with return-to-go (AReaL): on-policy E[sum_t grad log pi(y_t)
-                    sum_{s>=t} k3_s] = grad E_pi[sum k3] with k3 frozen = grad KL(pi||ref) - grad
-                    sum_t KL(ref||pi): a COMBINATION (seq-rkl - tok-fkl; at H = 1 tok-fkl ties
-                    seq-fkl)
-  TRL sequence-level ratio w = exp(mean_t log(pi/pi_old)) times k3, on-policy: grad k3_t + k3_t grad
-  w,
-                    grad w = (1/H) sum_s grad log pi_s: (1/H) grad KL(pi||ref) + (1 - 1/H) grad
-                    sum_t KL(ref||pi)
+  KL unbiased_gradient (OpenRLHF): w k2 with w = pi/pi_old detached -> w log rho grad log pi:
+                    sum_t KL(pi||ref) for every theta (the clamp w <= 10 does not bind at the
+                    default steps)
+  k3 of (old, ref) in the reward with return-to-go (AReaL): on-policy
+                    E[sum_t grad log pi(y_t) sum_{s>=t} k3_s] = grad E_pi[sum k3] with k3 frozen
+                    = grad KL(pi||ref) - grad sum_t KL(ref||pi): a COMBINATION
+                    (seq-rkl - tok-fkl; at H = 1 tok-fkl ties seq-fkl)
+  TRL sequence-level ratio w = exp(mean_t log(pi/pi_old)) times k3, on-policy:
+                    grad k3_t + k3_t grad w, grad w = (1/H) sum_s grad log pi_s:
+                    (1/H) grad KL(pi||ref) + (1 - 1/H) grad sum_t KL(ref||pi)
 
 At theta = theta_old with pi_ref = pi_old every KL gradient above and every candidate's vanish.
 Reward part: whole-response ratios are exact; per-token ratios without clipping are exact on-policy
@@ -164,9 +158,8 @@ ALL_KEYS = sorted(
 
 def tie_class(key: str, ref_old: bool, horizon: int) -> set[str]:
     """Candidates whose gradients equal key's for normalized policies: UKL = KL always; the
-    per-position
-    sum = the sequence divergence at H = 1, and for the forward direction whenever pi_ref = pi_old
-    (then prefixes ~ pi_old are prefixes ~ pi_ref)."""
+    per-position sum = the sequence divergence at H = 1, and for the forward direction whenever
+    pi_ref = pi_old (then prefixes ~ pi_old are prefixes ~ pi_ref)."""
     sign, base = ("-", key[1:]) if key.startswith("-") else ("", key)
     if base == "no-kl":
         return {"no-kl"}

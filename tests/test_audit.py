@@ -65,8 +65,7 @@ def _by_adapter(rows, ad):
 @pytest.mark.parametrize("V,L", [(2, 1), (3, 2), (3, 3), (4, 2)])
 def test_autoregressive_enumeration(V, L):
     """Every response once, probabilities summing to 1, and prefix probabilities equal to the mass
-    of
-    the responses that start with the prefix (marginalized by hand)."""
+    of the responses that start with the prefix (marginalized by hand)."""
     ar = Autoregressive(V, L)
     logits = torch.randn(
         ar.n_prefix, V, generator=torch.Generator().manual_seed(V * 10 + L), dtype=torch.float64
@@ -407,8 +406,7 @@ def _k3_in_reward(lp, o, r, a, m):
 def test_k3_in_the_reward_is_found_as_a_combination():
     """On-policy, E[sum_t grad log pi(y_t) sum_{s>=t} k3_s] with k3 frozen is grad E_pi[sum_t k3_t]
     = grad KL(pi||ref) - grad sum_t KL(ref||pi) (derived in audit_expectations.py): the fit finds
-    exactly
-    these coefficients (1, -1), the same on every draw, and no single candidate matches."""
+    exactly these coefficients (1, -1), the same on every draw, and no single candidate matches."""
     ad = audit.Adapter("k3-in-reward", _k3_in_reward, 0.5, "t", True)
     for r in audit.audit([ad], horizons=(2, 3)):
         if r["on_policy"] and not r["ref_is_old"]:
@@ -528,8 +526,8 @@ def test_cli_unreachable_ratio_is_one_line(capsys):
 def test_worked_example_in_docs():
     """docs/audit.md's single-token example: pi = (1/2, 1/2) on-policy, pi_ref = (0.8, 0.2), beta =
     1/2. k3 as a loss: beta (pi - pi_ref) = (-0.15, 0.15) = beta grad KL(ref||pi); w k3: beta grad
-    KL(pi||ref)
-    = (-0.173287, 0.173287); k1: (0, 0). Numbers computed by hand in the doc, checked to 1e-6."""
+    KL(pi||ref) = (-0.173287, 0.173287); k1: (0, 0). Numbers computed by hand in the doc, checked to
+    1e-6."""
     theta = torch.zeros(1, 2, dtype=torch.float64)
     ref = torch.log(torch.tensor([[0.8, 0.2]], dtype=torch.float64))
     prob = audit.Problem(

@@ -46,9 +46,8 @@ def test_every_pinned_peer_is_installed():
 @pytest.mark.parametrize("ad", ADAPTERS, ids=lambda a: a.name)
 def test_peer_verdict(rows, ad):
     """The peer's own code gets the verdicts derived by hand (audit_expectations.py): single
-    candidates,
-    combinations (AReaL's k3 in the reward: KL(pi||ref) - sum_t KL(ref||pi) on-policy) and reward
-    parts."""
+    candidates, combinations (AReaL's k3 in the reward: KL(pi||ref) - sum_t KL(ref||pi) on-policy)
+    and reward parts."""
     assert_verdicts(rows, ad, len(audit.SETTINGS) * len(audit.HORIZONS))
 
 

@@ -1,7 +1,6 @@
 """rpg-audit's verl adapters: verl 0.9.1's own actor loss (verl.workers.utils.losses.ppo_loss with
 the vanilla policy loss and use_kl_loss=True) for every kl_loss_type, its verdicts pinned, its
-agreement
-with the twins written from verl's docs, and its rows of docs/audit.md.
+agreement with the twins written from verl's docs, and its rows of docs/audit.md.
 
 Needs verl (CI runs this file in .venv-verl); skipped otherwise.
 """
@@ -45,8 +44,7 @@ def test_verl_version_and_every_kl_type():
 @pytest.mark.parametrize("ad", OWN, ids=lambda a: a.name)
 def test_verl_own_code_equals_its_docs_twin(ad):
     """verl's ppo_loss and the twin written from verl's docs give the same loss and gradient
-    (float64)
-    on a random batch with ratios far from 1 (PPO clip and the dual clip both bind)."""
+    (float64) on a random batch with ratios far from 1 (PPO clip and the dual clip both bind)."""
     g = torch.Generator().manual_seed(3)
     B, H = 8, 3
     logp = -torch.rand(B, H, generator=g, dtype=torch.float64) * 2 - 0.05

@@ -25,6 +25,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from tiny_runs import tiny_math_argv
+
 from rpg_ref import cli
 from rpg_ref.trainer import config, train
 from rpg_ref.trainer import distributed as D
@@ -335,54 +337,9 @@ def test_math_task_on_2_ranks_trains_and_exports(tmp_path):
     model = tmp_path / "tiny.json"
     model.write_text(json.dumps(tiny_qwen3_config()))
     out = tmp_path / "run"
-    finish(
-        torchrun(
-            [
-                "-m",
-                "rpg_ref.cli",
-                "--task",
-                "math",
-                "--math-model",
-                str(model),
-                "--math-train-data",
-                "amc23",
-                "--math-eval-data",
-                "aime24",
-                "--math-eval-limit",
-                "2",
-                "--math-eval-n",
-                "2",
-                "--math-eval-k",
-                "1",
-                "2",
-                "--math-checker",
-                "normalizer",
-                "--steps",
-                "2",
-                "--prompts-per-step",
-                "2",
-                "--group-size",
-                "2",
-                "--mini-batch-size",
-                "2",
-                "--micro-batch-size",
-                "1",
-                "--max-new-tokens",
-                "4",
-                "--overlong-buffer",
-                "0",
-                "--no-dynamic-sampling",
-                "--device",
-                "cpu",
-                "--math-dtype",
-                "bf16-autocast",
-                "--math-gradient-checkpointing",
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
-        )
-    )
+    argv = tiny_math_argv(model, out, micro_batch_size=1, math_dtype="bf16-autocast",
+                          math_gradient_checkpointing=True, threads=None)
+    finish(torchrun(["-m", "rpg_ref.cli", *argv]))
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and len(rows(out)) == 2 and "eval_aime24_mean@2" in s["eval"]
     exported = load_file(str(out / "hf" / "model.safetensors"))

@@ -1,9 +1,9 @@
 """Rules about a loss's options, each stated once in rpg_ref/core/loss_spec.py (parse_clip,
-check_beta,
-resolve; by a loss's name: rpg_ref.core.losses check_options, run_options, loss_beta, default_beta)
-and called by the losses themselves, the trainer's config and the verl plugin. One test per rule;
-every refusal is a one-line ValueError that names the bad value. The resolved LossOptions is made
-once per setting: a trainer passes it to every call, a library call's keywords are looked up."""
+check_beta, resolve; by a loss's name: rpg_ref.core.losses check_options, run_options, loss_beta,
+default_beta) and called by the losses themselves, the trainer's config and the verl plugin. One
+test per rule; every refusal is a one-line ValueError that names the bad value. The resolved
+LossOptions is made once per setting: a trainer passes it to every call, a library call's keywords
+are looked up."""
 
 import math
 import re

@@ -383,8 +383,7 @@ HANG_REPEATS = int(os.environ.get("RPG_HANG_TEST_REPEATS", "1"))
 def test_a_hanging_check_times_out_scores_wrong_and_is_counted(backend, repeat):
     """(x+1)^2000 vs (x+2)^2000 makes sympy expand for about a minute: the worker is killed after
     the time limit, the answer scores wrong, the stat counts it, and the next answer is still
-    checked
-    (by the warm spare worker: its start-up is never charged to that answer)."""
+    checked (by the warm spare worker: its start-up is never charged to that answer)."""
     with mr.AnswerChecker(backend, timeout_s=1.0) as ck:
         ok = ck.check(["(x+1)^{2000}", "0.5"], ["(x+2)^{2000}", "\\frac{1}{2}"])
         assert ok == [False, True]

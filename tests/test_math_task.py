@@ -1,7 +1,6 @@
 """The math task (rpg_ref/tasks/math.py) on a tiny random Qwen3 with the real Qwen3 tokenizer and
 the real AIME/AMC problems: end-to-end training, resume, export, rpg-eval; prompts, rewards, the
-policy
-wrapper's precision and gradient checkpointing; refusals of bad options."""
+policy wrapper's precision and gradient checkpointing; refusals of bad options."""
 
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
+
+from tiny_runs import tiny_math_argv
 
 from rpg_ref import cli
 from rpg_ref.interfaces import Prompt
@@ -44,59 +45,8 @@ def tiny_config(tmp_path_factory) -> str:
     return str(path)
 
 
-def _argv(model: str, out: Path, *extra) -> list:
-    return [
-        "--task",
-        "math",
-        "--math-model",
-        model,
-        "--math-train-data",
-        "amc23",
-        "--math-eval-data",
-        "aime24",
-        "--math-eval-limit",
-        "2",
-        "--math-eval-n",
-        "2",
-        "--math-eval-k",
-        "1",
-        "2",
-        "--math-checker",
-        "normalizer",
-        "--steps",
-        "2",
-        "--prompts-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--mini-batch-size",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--overlong-buffer",
-        "0",
-        "--no-dynamic-sampling",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        "--no-progress",
-        # the `math` preset's bf16 autocast + checkpointing are for GPUs (tested separately
-        # below)
-        "--math-dtype",
-        "float32",
-        "--no-math-gradient-checkpointing",
-        "--micro-batch-size",
-        "0",
-        # 2 shared cores: one thread is several times faster for this tiny model
-        "--threads",
-        "1",
-        *extra,
-    ]
-
-
-def _cfg(tiny_config, tmp_path, *extra):
-    return cli.parse_config(_argv(tiny_config, tmp_path / "run", *extra))
+def _cfg(tiny_config, tmp_path, **settings):
+    return cli.parse_config(tiny_math_argv(tiny_config, tmp_path / "run", **settings))
 
 
 def _assert_same_weights(exported: dict, trained: dict) -> None:
@@ -133,7 +83,7 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(
     from rpg_ref.math import evaluation
 
     out = tmp_path / "run"
-    assert cli.main(_argv(tiny_config, out)) == 0
+    assert cli.main(tiny_math_argv(tiny_config, out)) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -221,7 +171,7 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
     from rpg_ref.math.reward import PAPER_INSTRUCTION, PAPER_REMINDER
     from rpg_ref.tasks.math import MathTask
 
-    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0"), torch.device("cpu"))
+    task = MathTask(_cfg(tiny_config, tmp_path, math_eval_n=0), torch.device("cpu"))
     ps = task.sample_prompts(8, torch.Generator().manual_seed(3))
     again = task.sample_prompts(8, torch.Generator().manual_seed(3))
     assert [p.ids for p in ps] == [p.ids for p in again]
@@ -237,8 +187,8 @@ def test_prompts_are_chat_template_prompts_of_distinct_training_problems(tiny_co
             "\n\n" + PAPER_REMINDER
         )[0]
         assert golds[problem] == p.answer
-    boxed = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-prompt", "boxed",
-                          "--math-enable-thinking"), torch.device("cpu"))
+    boxed = MathTask(_cfg(tiny_config, tmp_path, math_eval_n=0, math_prompt="boxed",
+                          math_enable_thinking=True), torch.device("cpu"))
     text = boxed.tokenizer.decode(boxed.sample_prompts(1, torch.Generator().manual_seed(0))[0].ids)
     assert "\\boxed{answer}" in text and PAPER_INSTRUCTION not in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -249,7 +199,7 @@ def test_summary_writes_nothing_and_finish_exports_and_stops_the_workers(tiny_co
     export in OUT/hf and stops the answer-checker workers (started here by one reward call)."""
     from rpg_ref.tasks.math import MathTask
 
-    cfg = _cfg(tiny_config, tmp_path, "--math-eval-n", "0")
+    cfg = _cfg(tiny_config, tmp_path, math_eval_n=0)
     task = MathTask(cfg, torch.device("cpu"))
     policy = task.build_policy()
     task.reward([Prompt(ids=[0], answer="1")], [task.tokenizer("Answer: 1")["input_ids"]])
@@ -270,7 +220,7 @@ def test_reward_of_decoded_responses(tiny_config, tmp_path, scoring, right, wron
     correct is True exactly for the former."""
     from rpg_ref.tasks.math import MathTask
 
-    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-scoring", scoring),
+    task = MathTask(_cfg(tiny_config, tmp_path, math_eval_n=0, math_scoring=scoring),
                     torch.device("cpu"))
     probs = [p for p, _ in task.train[:6]]
     tok = task.tokenizer
@@ -364,8 +314,7 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_fp32_weights(tiny_config):
 def test_math_cpu_preset_runs_the_tiny_qwen3_on_real_problems(tmp_path, capsys):
     """`rpg-train --preset math-cpu` (here one step, 8 tokens, 2 evaluation problems) builds the
     tiny Qwen3 from the shared 0.6B config (2 layers of width 64, the real vocabulary), tokenizes
-    real
-    training problems with the real tokenizer, trains, evaluates Mean@k / Pass@k on AMC23 and
+    real training problems with the real tokenizer, trains, evaluates Mean@k / Pass@k on AMC23 and
     saves a checkpoint and the HF export."""
     from transformers import AutoConfig
 
@@ -420,21 +369,21 @@ def test_math_cpu_preset_without_the_shared_data_is_one_line(tmp_path, monkeypat
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra,msg", [
-    (["--math-prompt", "xml"], "--math-prompt must be one of"),
-    (["--math-scoring", "ternary"], "--math-scoring must be one of"),
-    (["--math-dtype", "fp8"], "--math-dtype must be one of"),
-    (["--math-eval-k", "4"], r"--math-eval-k values must be in \[1, --math-eval-n 2\]"),
-    (["--math-eval-temperature", "0"], "greedy"),
-    (["--math-train-limit", "1"], "1 usable problems .* < --prompts-per-step 2"),
-    (["--math-max-prompt-tokens", "10"], "40 dropped as longer than 10 prompt tokens"),
-    (["--math-train-data", "no/such.jsonl"], "does not exist"),
+@pytest.mark.parametrize("settings,msg", [
+    ({"math_prompt": "xml"}, "--math-prompt must be one of"),
+    ({"math_scoring": "ternary"}, "--math-scoring must be one of"),
+    ({"math_dtype": "fp8"}, "--math-dtype must be one of"),
+    ({"math_eval_k": "4"}, r"--math-eval-k values must be in \[1, --math-eval-n 2\]"),
+    ({"math_eval_temperature": "0"}, "greedy"),
+    ({"math_train_limit": "1"}, "1 usable problems .* < --prompts-per-step 2"),
+    ({"math_max_prompt_tokens": "10"}, "40 dropped as longer than 10 prompt tokens"),
+    ({"math_train_data": "no/such.jsonl"}, "does not exist"),
 ])
-def test_bad_math_options_are_refused_before_any_work(tiny_config, tmp_path, extra, msg):
+def test_bad_math_options_are_refused_before_any_work(tiny_config, tmp_path, settings, msg):
     from rpg_ref.tasks.math import MathTask
 
     with pytest.raises(ValueError, match=msg):
-        MathTask(_cfg(tiny_config, tmp_path, *extra), torch.device("cpu"))
+        MathTask(_cfg(tiny_config, tmp_path, **settings), torch.device("cpu"))
 
 
 def test_bad_model_is_refused(tiny_config, tmp_path):
@@ -444,24 +393,16 @@ def test_bad_model_is_refused(tiny_config, tmp_path):
 
     (tmp_path / "empty").mkdir()
     task = MathTask(
-        _cfg(
-            tiny_config,
-            tmp_path,
-            "--math-eval-n",
-            "0",
-            "--math-model",
-            str(tmp_path / "empty"),
-            "--math-tokenizer",
-            str(TOKENIZER),
-        ),
+        _cfg(tiny_config, tmp_path, math_eval_n=0, math_model=tmp_path / "empty",
+             math_tokenizer=TOKENIZER),
         torch.device("cpu"),
     )
     with pytest.raises(ValueError, match=r"needs a config\.json"):
         task.build_policy()
     small = json.loads(Path(tiny_config).read_text()) | {"vocab_size": 1000}
     (tmp_path / "small.json").write_text(json.dumps(small))
-    task = MathTask(_cfg(tiny_config, tmp_path, "--math-eval-n", "0", "--math-model",
-                         str(tmp_path / "small.json")), torch.device("cpu"))
+    task = MathTask(_cfg(tiny_config, tmp_path, math_eval_n=0,
+                         math_model=tmp_path / "small.json"), torch.device("cpu"))
     with pytest.raises(
         ValueError, match="151669 tokens but the model's embedding has only 1000 rows"
     ):

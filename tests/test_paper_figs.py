@@ -143,9 +143,8 @@ def test_fig_offpolicy_rpg_rf_ppo_dualclip_v1():
     """fig:offpolicy_rpg_rf_ppo_dualclip_v1 in the paper's plotted setting (A_R = +-1, C_KL = +-0.1,
     ell = 1): the plotted values are Algorithm 2's (A_R w + C_KL on gradient segments, A_R w_high +
     C_KL, A_R w_low + C_KL, A_R c + C_KL on the flat ones); gradients vanish exactly on the
-    algorithm's
-    SG(ell) segments and equal -(A_R w + C_KL) = d/d log pi of (A_R w + C_KL) * (-log pi)
-    elsewhere."""
+    algorithm's SG(ell) segments and equal -(A_R w + C_KL) = d/d log pi of (A_R w + C_KL) *
+    (-log pi) elsewhere."""
     d = clip_shapes.rpg_style_clip_data()
     w, (el, eh), c, beta = d["w"], d["eps"], d["c"], d["beta"]
     assert d["loss"] == "rpg-reinforce-urkl" and d["ell"] == 1.0
@@ -250,8 +249,7 @@ def test_grpo_kl_fallback_matches_derivations():
 def test_kl_estimators_gaussian_schulman():
     """k1, k3 are unbiased for KL(q||p) = mu^2/2 with q = N(0,1), p = N(mu,1); E[k2] = (mu^2 +
     mu^4/4)/2. The plotted Monte-Carlo means agree with these closed forms within the CLT threshold
-    (the
-    standard error of each mean is its sample std / sqrt(n))."""
+    (the standard error of each mean is its sample std / sqrt(n))."""
     d = kl_estimators.gaussian_data(mus=(0.1, 0.5, 1.0, 2.0), n=100_000, seed=3)
     mu = d["mu"]
     exact_mean = {"k1": mu ** 2 / 2, "k2": (mu ** 2 + mu ** 4 / 4) / 2, "k3": mu ** 2 / 2}
@@ -266,8 +264,7 @@ def test_kl_estimators_gaussian_schulman():
 
 def test_kl_estimators_categorical_exact():
     """Categorical, exact enumeration: E_q[k1] = E_q[k3] = KL(q||p) and E_q[k2] = sum q (log p/q)^2
-    / 2;
-    standard deviations as sums over outcomes (numpy, float64)."""
+    / 2; standard deviations as sums over outcomes (numpy, float64)."""
     d = kl_estimators.categorical_data(ts=(0.1, 1.0, 3.0), K_=10, seed=0)
     g = torch.Generator().manual_seed(0)
     th_old = torch.randn(10, generator=g, dtype=DT).numpy()
@@ -290,8 +287,8 @@ def test_kl_estimators_categorical_exact():
 def test_grad_variance_normalized_vs_unnormalized():
     """app:normalized_kl: the plotted Monte-Carlo total variance of one sample's gradient agrees
     with the exact variance by enumeration (each outcome's gradient by autograd through theta, one
-    loss
-    call per outcome); REINFORCE twins have identical per-sample gradients (prop:equiv_rf_fd)."""
+    loss call per outcome); REINFORCE twins have identical per-sample gradients
+    (prop:equiv_rf_fd)."""
     scales, n, beta = (0.0, 0.5, 1.0), 20_000, 0.5
     d = grad_variance.grad_variance_data(scales=scales, n=n, beta=beta)
     zs = z_star(len(scales) * len(grad_variance.LOSS_NAMES))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import small_seq_argv
 
 import rpg_ref.core.losses as L
 from rpg_ref import cli
@@ -225,20 +226,7 @@ def test_bad_sample_weight_is_refused(weight, level, msg):
 # configuration and the trainer
 # ------------------------------------------------------------------------------------------
 
-SMALL_SEQ = [
-    "--task",
-    "seq",
-    "--prompts-per-step",
-    "4",
-    "--group-size",
-    "4",
-    "--mini-batch-size",
-    "8",
-    "--seq-eval-size",
-    "16",
-    "--steps",
-    "2",
-]
+SMALL_SEQ = small_seq_argv(steps=2)
 
 
 @pytest.mark.parametrize(
@@ -330,8 +318,7 @@ def test_bandit_with_a_tempered_sampler_reaches_the_optimum_only_when_corrected(
 ):
     """The bandit preset with --ref init, sampled at 4x the trainer's temperature (max |log r|
     ~2.7): uncorrected, the policy settles away from the optimum of E[R] - beta URKL(pi, pi_ref);
-    with
-    --rollout-correction tis and no cap it reaches it: TV < 0.01 and less than a tenth of the
+    with --rollout-correction tis and no cap it reaches it: TV < 0.01 and less than a tenth of the
     uncorrected TV. Measured TV uncorrected / corrected, seeds 0, 1, 2: 0.069 / 0.0013,
     0.040 / 0.00066, 0.014 / 0.00067 (test_train's bandit tests with an exact sampler ask 0.02).
     Deterministic: seed 0."""

@@ -25,6 +25,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from tiny_runs import small_seq_argv
+
 from rpg_ref import cli
 from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
@@ -181,20 +183,7 @@ def test_seq_rl_improves_reward(tmp_path, cache_dir, algo, extra):
 # every algorithm on both tasks
 # ------------------------------------------------------------------------------------------
 
-SMALL_SEQ = [
-    "--task",
-    "seq",
-    "--prompts-per-step",
-    "4",
-    "--group-size",
-    "4",
-    "--mini-batch-size",
-    "8",
-    "--seq-eval-size",
-    "16",
-    "--ref",
-    "init",
-]
+SMALL_SEQ = small_seq_argv(ref="init")
 
 
 @pytest.mark.parametrize("algo", sorted(LOSSES))

@@ -142,9 +142,8 @@ def test_verl_registry_returns_rpg_ref_losses(name, mode):
 @pytest.mark.parametrize("mode", list(AGG))
 def test_rescaling_matches_verls_own_agg_loss(mode):
     """Independent check of the aggregation constant: with beta = 0 and no clip, rpg-rkl's unit loss
-    is
-    -w A per token; verl's agg_loss on that matrix equals the plugin's loss (up to verl's 1e-8 added
-    to token counts in seq-mean-token-mean: relative 1e-8 / min n_b)."""
+    is -w A per token; verl's agg_loss on that matrix equals the plugin's loss (up to verl's 1e-8
+    added to token counts in seq-mean-token-mean: relative 1e-8 / min n_b)."""
     logp, old, adv, mask = _batch(1)
     loss, _ = core_algos.get_policy_loss_fn("rpg-rkl-noclip")(
         old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, loss_agg_mode=mode,

@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: these tests run in "
                     "their own venv, .venv-vllm, which .ci/run creates (docs/vllm.md)")
 
+from tiny_runs import tiny_math_argv
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from rpg_ref import cli
@@ -302,62 +303,6 @@ def eos_model_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-def _math_argv(model: str, out, *extra) -> list:
-    return [
-        "--task",
-        "math",
-        "--engine",
-        "vllm",
-        "--math-model",
-        model,
-        "--math-tokenizer",
-        str(TOKENIZER),
-        "--math-train-data",
-        "amc23",
-        "--math-eval-data",
-        "aime24",
-        "--math-eval-limit",
-        "2",
-        "--math-eval-n",
-        "2",
-        "--math-eval-k",
-        "1",
-        "2",
-        "--math-checker",
-        "normalizer",
-        "--prompts-per-step",
-        "2",
-        "--group-size",
-        "4",
-        "--mini-batch-size",
-        "8",
-        "--max-new-tokens",
-        "12",
-        "--overlong-buffer",
-        "10",
-        "--no-dynamic-sampling",
-        "--lr",
-        "1e-3",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        "--no-progress",
-        "--math-dtype",
-        "float32",
-        "--no-math-gradient-checkpointing",
-        "--micro-batch-size",
-        "0",
-        "--threads",
-        "1",
-        "--eval-every",
-        "0",
-        "--keep-checkpoints",
-        "0",
-        *extra,
-    ]
-
-
 def _rows(out) -> list:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -377,7 +322,12 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     from rpg_ref.math import evaluation
 
     full, part = tmp_path / "full", tmp_path / "part"
-    assert cli.main(_math_argv(eos_model_dir, full, "--steps", "4", "--save-every", "2")) == 0
+    argv = tiny_math_argv(
+        eos_model_dir, full, engine="vllm", math_tokenizer=TOKENIZER, steps=4, save_every=2,
+        group_size=4, mini_batch_size=8, max_new_tokens=12, overlong_buffer=10, lr="1e-3",
+        eval_every=0, keep_checkpoints=0,
+    )
+    assert cli.main(argv) == 0
     rows = _rows(full)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:

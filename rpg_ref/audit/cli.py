@@ -1,8 +1,7 @@
 """rpg-audit's command line: the built-in adapters, or the user's own loss and objectives.
 
-    rpg-audit [--only NAME ...]                       built-in adapters (rpg-ref, peers installed
-    here) rpg-audit --loss my_loss.py:fn [--beta B] [--level token|sequence] [--objective f.py:D
-    ...]
+    rpg-audit [--only NAME ...]           built-in adapters (rpg-ref, peers installed here)
+    rpg-audit --loss my_loss.py:fn [--beta B] [--level token|sequence] [--objective f.py:D ...]
               [--vocab V] [--horizons H ...] [--seed S] [--off-step X] [--ref-step X]
               [--logit-scale X] [--max-ratio W] [--markdown FILE] [--json FILE]
 
@@ -226,8 +225,7 @@ def main(argv=None) -> int:
     try:
         rows = audit(adapters, tuple(sorted(set(args.horizons))), args.seed, policies, objectives,
                      fit=not args.no_fit)
-    # a loss the audit cannot judge, or unreachable --max-ratio
-    except ValueError as e:
+    except ValueError as e:  # a loss the audit cannot judge, or unreachable --max-ratio
         ap.exit(2, f"rpg-audit: error: {e}\n")
     except Exception as e:                     # the user's own code failing mid-audit
         if not args.loss:

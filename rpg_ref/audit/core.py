@@ -127,9 +127,8 @@ def max_token_ratio(theta: Tensor, old: Tensor) -> float:
 
 def scale_to_ratio(old: Tensor, delta: Tensor, target: float) -> Tensor:
     """theta = old + c d with the largest per-token ratio equal to target (bisection on c); d is
-    delta
-    plus a push towards each prefix's least likely token, so that ratios up to 1 / min pi_old are
-    reached."""
+    delta plus a push towards each prefix's least likely token, so that ratios up to 1 / min pi_old
+    are reached."""
     # sup over directions: 1 / min pi_old
     reach = float(torch.log_softmax(old, -1).min().neg().exp())
     push = torch.zeros_like(old).scatter_(-1, old.argmin(-1, keepdim=True), 1.0)
@@ -151,9 +150,8 @@ def scale_to_ratio(old: Tensor, delta: Tensor, target: float) -> Tensor:
 
 def make_problem(setting: Setting, horizon: int, seed: int = 0,
                  policies: Policies = DEFAULT_POLICIES, draw: int = 0) -> Problem:
-    """Random float64 policies; the four settings of one (horizon, seed, draw) share theta_old and
-    R.
-    draw > 0: further independent draws (the combination fit)."""
+    """Random float64 policies; the four settings of one (horizon, seed, draw) share theta_old
+    and R. draw > 0: further independent draws (the combination fit)."""
     g = torch.Generator().manual_seed(1000 * seed + horizon + 1_000_003 * draw)
     V = policies.vocab
     ar = Autoregressive(V, horizon)

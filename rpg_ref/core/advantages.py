@@ -3,15 +3,15 @@
 Rewards are a flat tensor [N] holding groups of ``group_size`` consecutive responses to
 the same prompt (N = num_prompts * group_size), the layout every trainer here uses.
 
-    name                   formula                                              used by
-    group-mean             A_i = R_i - mean_{j in g(i)} R_j                     RPG
-    (docs/paper_code.md) group-mean-std         A_i = (R_i - mean_g R) / (std_g R + eps)
-    GRPO, DAPO
-    batch-mean             A_i = R_i - mean_batch R
-    alg:offpolicy_rpg_ppo_dualclip example leave-one-out          A_i = R_i - mean_{j in g(i), j !=
-    i} R_j             RLOO
-    reinforce++            token advantages, k1 KL in the reward, whitened      REINFORCE++
-    reinforce++-baseline   as above after subtracting the group-mean reward     REINFORCE++-baseline
+    name                  formula                                   used by
+    group-mean            A_i = R_i - mean_{j in g(i)} R_j          RPG (docs/paper_code.md)
+    group-mean-std        A_i = (R_i - mean_g R) / (std_g R + eps)  GRPO, DAPO
+    batch-mean            A_i = R_i - mean_batch R                  Algorithm 1's example
+    leave-one-out         A_i = R_i - mean_{j in g(i), j != i} R_j  RLOO
+    reinforce++           per token: k1 KL in the reward, whitened  REINFORCE++
+    reinforce++-baseline  as above, with R minus its group mean     REINFORCE++-baseline
+
+Algorithm 1 is alg:offpolicy_rpg_ppo_dualclip.
 
 The std is the population std (divide by G), as in DeepSeekMath's GRPO description.
 """
@@ -90,9 +90,9 @@ def kl_return_to_go(rewards: Tensor, mask: Tensor, old_logp: Tensor, ref_logp: T
     """REINFORCE++'s token returns before whitening: the k1 KL to pi_ref folded into the reward.
 
     Per token t of response i (gamma = 1):
-        r_t = R_i [t is the last valid token] - beta * k1_t,   k1_t = log pi_old(y_t) - log
-        pi_ref(y_t)
-        A_t = sum_{s >= t} r_s                                  (return to go)
+        r_t  = R_i [t is the last valid token] - beta * k1_t
+        k1_t = log pi_old(y_t) - log pi_ref(y_t)
+        A_t  = sum_{s >= t} r_s                                 (return to go)
     ``ref_logp`` None means pi_ref = pi_old (then the KL term is 0).
     """
     if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:

@@ -109,8 +109,7 @@ def loss_kernel(family: str, kl: str, logp, old_logp, advantages, mask, ref_logp
         grad = -w * (adv - beta * D.score(w, lr, u_w))                   # d(-w A + beta d)/d log pi
         if bounds is None:
             value = -w * adv + beta * kl_u
-        # Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip)
-        else:
+        else:  # Algorithm 1 (alg:offpolicy_rpg_ppo_dualclip)
             lo, hi, c = bounds
             g, g_prime = D.per_ratio(lr, u_w)
             # -w a_hat = -w A + beta d

@@ -5,12 +5,10 @@ Supported vLLM: SUPPORTED_VLLM (docs/vllm.md says which builds ran). What the en
         worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
         logprobs_mode="processed_logprobs")
     llm.generate(TokensPrompt(prompt_token_ids), SamplingParams(n, temperature, top_p, max_tokens,
-                 logprobs=0, stop_token_ids=[eos], seed))  # logprobs=0: the sampled token's
-                 log-prob only
-    llm.collective_rpc("rpg_*")                          # RPGWorkerExtension, in vLLM's worker
-    process llm.sleep(level) / llm.wake_up(tags)                 # only where the platform has sleep
-    mode
-    llm.reset_prefix_cache()                             # cached KV of the old weights is invalid
+                 logprobs=0, stop_token_ids=[eos], seed))  # 0: the sampled token's log-prob only
+    llm.collective_rpc("rpg_*")                 # RPGWorkerExtension, in vLLM's worker process
+    llm.sleep(level) / llm.wake_up(tags)        # only where the platform has sleep mode
+    llm.reset_prefix_cache()                    # cached KV of the old weights is invalid
 
 Process. vLLM's engine core and worker run in their own process (vLLM's multi-process client,
 VLLM_ENABLE_V1_MULTIPROCESSING=1, set here): built in the trainer's process, vLLM's CPU worker

@@ -20,9 +20,8 @@ Actor-config keys read (actor_rollout_ref.actor.*):
                                else verl would add its own, unweighted KL on top: ValueError)
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
     clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all
-    three
-                               (checked by rpg_ref.core.losses.parse_clip, the loss options' one
-                               rule book, on a setting's first call, then looked up)
+                               three (checked by rpg_ref.core.losses.parse_clip, the loss options'
+                               one rule book, on a setting's first call, then looked up)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
                                seq-mean-token-sum-norm
     global_batch_info          dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
@@ -31,15 +30,15 @@ Actor-config keys read (actor_rollout_ref.actor.*):
 Aggregation. rpg_ref returns L_rpg aggregated over the local micro-batch (token-mean:
 sum_b S_b / N_local; seq modes: mean over the B_local rows, with S_b the masked token sum of
 row b and N_local the token count). verl wants, per verl.trainer.ppo.core_algos.agg_loss,
-    token-mean               sum_b S_b / batch_num_tokens * dp_size   = L_rpg(token-mean) * N_local
-    * dp / bnt token-sum                sum_b S_b * dp_size                       =
-    L_rpg(token-mean) * N_local
-    * dp seq-mean-token-mean      sum_b S_b/n_b / global_batch_size * dp   =
-    L_rpg(seq-mean-token-mean) *
-    B_local * dp / gbs seq-mean-token-sum       sum_b S_b / global_batch_size * dp       =
-    L_rpg(seq-mean-token-sum) *
-    B_local * dp / gbs seq-mean-token-sum-norm  the previous / loss_scale_factor (default: the
-    padded length T)
+    token-mean               sum_b S_b / batch_num_tokens * dp_size
+                             = L_rpg(token-mean) * N_local * dp / bnt
+    token-sum                sum_b S_b * dp_size
+                             = L_rpg(token-mean) * N_local * dp
+    seq-mean-token-mean      sum_b S_b/n_b / global_batch_size * dp
+                             = L_rpg(seq-mean-token-mean) * B_local * dp / gbs
+    seq-mean-token-sum       sum_b S_b / global_batch_size * dp
+                             = L_rpg(seq-mean-token-sum) * B_local * dp / gbs
+    seq-mean-token-sum-norm  the previous / loss_scale_factor (default: the padded length T)
 The factors are constants, so values and gradients are rpg_ref's times the factor. (verl's own
 seq-mean-token-mean divides by n_b + 1e-8; rpg_ref divides by n_b.) Rows with no response token
 contribute nothing in verl and are dropped before the call (rpg_ref rejects empty rows).

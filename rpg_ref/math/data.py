@@ -3,8 +3,8 @@
     load_problems("aime24")                      -> <data dir>/eval/aime24.jsonl
     load_problems("path/to/file.jsonl")          -> that file (".parquet" needs pyarrow)
     load_problems("hf:HuggingFaceH4/MATH-500", split="test")   (needs `datasets`; network)
-    load_problems("x.parquet", fields={"answer": "reward_model.ground_truth"})  (renamed/nested
-    fields)
+    # renamed/nested fields:
+    load_problems("x.parquet", fields={"answer": "reward_model.ground_truth"})
 
 Every row must have a non-empty string `problem` and an `answer` that is a non-empty string or
 a finite int/float (AMC23 keeps float answers such as 27.0; see shared/data/SOURCES.md);

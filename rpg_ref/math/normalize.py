@@ -26,10 +26,10 @@ What counts as equal (`answers_equal(pred, gold)`):
   2. both sides parse as exact rationals (integers, decimals, a/b, \\frac, mixed numbers
      "1\\frac{4}{5}") and the rationals are equal;
   3. both sides parse (parser below) into the same structure - a number/expression, an ordered
-     tuple or interval (bracket types must agree), an unordered list ("1, -2", "\\{..\\}", "a \\pm
-     b"), a union of intervals (in any order), a matrix, or an equation - and every element pair is
-     equal: numbers with no free symbols must agree to a relative 1e-9 after exact simplification
-     (so 0.333 is NOT 1/3), expressions with symbols must have `expand(a - b) == 0`,
+     tuple or interval (bracket types must agree), an unordered list ("1, -2", "\\{..\\}",
+     "a \\pm b"), a union of intervals (in any order), a matrix, or an equation - and every element
+     pair is equal: numbers with no free symbols must agree to a relative 1e-9 after exact
+     simplification (so 0.333 is NOT 1/3), expressions with symbols must have `expand(a - b) == 0`,
      equations compare lhs - rhs. Nesting deeper than _MAX_NESTING parser levels is "not
      parseable" (no match), never a RecursionError.
 Time: sympy can be slow on adversarial input (e.g. 9^9^9^9); callers must run this under a

@@ -1,9 +1,9 @@
 """Math reasoning reward: prompts, final-answer extraction, verified answer checking, scoring.
 
 The paper's setup (sec:experiments; its released code; the DAPO-Math-17k prompt format):
-  * the user message is  PAPER_INSTRUCTION + "\\n\\n" + problem + "\\n\\n" + PAPER_REMINDER, put
-  through
-    the model's chat template (`chat_prompt`); a `\\boxed{}` variant (`style="boxed"`) is offered;
+  * the user message is  PAPER_INSTRUCTION + "\\n\\n" + problem + "\\n\\n" + PAPER_REMINDER,
+    put through the model's chat template (`chat_prompt`); a `\\boxed{}` variant
+    (`style="boxed"`) is offered;
   * the final answer is the text after the last "Answer:" (`style="answer"`) or inside the last
     \\boxed{...} (`style="boxed"`); for thinking models only the text after the last </think>
     counts;
@@ -141,8 +141,8 @@ def answer_region(text: str, thinking: bool = False) -> str | None:
 # a box opener, an escaped brace or row break (not braces), or a brace
 _BRACE_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|\\[\\{}]|[{}]")
 _MARKER_RE = re.compile(r"\banswer(?:[ \t]+is)?[ \t*_}]{0,8}:"         # Answer: / **Answer**: / ...
-                        r"|^[ \t#>*_]{0,12}(?:\\textbf\{)?(?:final[ \t]+)?answer[ \t*_}]{0,12}$",
                         # a heading "**Final Answer**"
+                        r"|^[ \t#>*_]{0,12}(?:\\textbf\{)?(?:final[ \t]+)?answer[ \t*_}]{0,12}$",
                         re.IGNORECASE | re.MULTILINE)
 _BLOCKS = (("\\[", "\\]"), ("$$", "$$"), ("\\(", "\\)"), ("$", "$"))
 _BEGIN_RE = re.compile(r"\\begin\{([A-Za-z]+\*?)\}")
@@ -153,8 +153,7 @@ _PHRASE_RE = re.compile(r"^(?:[A-Za-z][A-Za-z',]*\s+){0,12}?(?:is|are|equals|was
 def _boxes(text: str) -> tuple[list, dict]:
     """(outer boxes, every closed box by start) for each \\boxed{...}/\\fbox{...} whose brace
     closes; a box is (start, content_start, content_end) and an outer box is inside no other. One
-    pass
-    with a stack of open braces: linear time (an unclosed box is skipped, never re-scanned)."""
+    pass with a stack of open braces: linear time (an unclosed box is skipped, never re-scanned)."""
     stack, by_start = [], {}
     for m in _BRACE_TOKEN_RE.finditer(text):
         tok = m.group()

@@ -3,9 +3,8 @@
 A sample x is one arm (one token, so the losses run at level="token" with T = 1) and R(x) is that
 arm's reward. With ``--ref init`` the optimum of J = E_p[R] - beta D(p, pi_ref) is computed in
 float64 (``kl_regularized_optimum``) and summary.json reports its total-variation distance to the
-policy.
-With the iterative reference the regularizer only bounds each step: the policy tends to the best
-arm (the reported optimum is then that one-hot vector).
+policy. With the iterative reference the regularizer only bounds each step: the policy tends to the
+best arm (the reported optimum is then that one-hot vector).
 """
 
 from __future__ import annotations

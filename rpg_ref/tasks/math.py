@@ -19,10 +19,10 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
             added by the loop for every task (rpg_ref.trainer.shaping.overlong_penalty).
             accuracy = fraction of responses whose answer is verified correct.
   evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with
-  --math-eval-n
-            samples per problem, every --eval-every steps and at the end; logged in metrics.jsonl as
-            eval_<set>_mean@<k>, eval_<set>_pass@<k>, eval_<set>_response_len. Evaluation samples
-            from its own seeded random stream, so evaluating (or not) never changes training.
+            --math-eval-n samples per problem, every --eval-every steps and at the end; logged in
+            metrics.jsonl as eval_<set>_mean@<k>, eval_<set>_pass@<k>, eval_<set>_response_len.
+            Evaluation samples from its own seeded random stream, so evaluating (or not) never
+            changes training.
   policy    a Hugging Face causal LM: a checkpoint folder or hub id (pretrained weights), or a
             config.json (file, or a folder holding only one) for a randomly initialized model
             (tests, benchmarks). It is wrapped in rpg_ref.models.HFPolicy, which adds the precision

@@ -8,11 +8,12 @@ bar, and the memory probes.
     entropy                token-mean entropy of pi_old (temperature-scaled) on the response tokens
     response_len           mean response length in tokens (EOS included)
     kl_old                 mean over mini-batches of stats["kl_old"], token-level
-    KL(pi_theta||pi_old) kl_old_last            the running estimate (window = one pass) when the
-    inner loop ended
-    kl_ref                 token-mean k3 estimate of KL(pi_old || pi_ref) at rollout (0: iterative
-    ref) kl_loss                mean over mini-batches of stats["kl"], the loss's own divergence
-    estimate
+                           KL(pi_theta||pi_old)
+    kl_old_last            the running estimate (window = one pass) when the inner loop ended
+    kl_ref                 token-mean k3 estimate of KL(pi_old || pi_ref) at rollout
+                           (0: iterative ref)
+    kl_loss                mean over mini-batches of stats["kl"], the loss's own divergence
+                           estimate
     clip_frac_low/high/dual mean fractions of units clipped by the low / high / dual bound
     ratio_mean             mean importance ratio w over the mini-batches
     loss                   mean loss value over the mini-batches that were stepped
@@ -27,8 +28,8 @@ bar, and the memory probes.
     rc_log_ratio_max       max |log r| over units (0 when the sampler is exactly pi_old)
     rc_ess                 effective sample size fraction of the weights, (sum w)^2 / (n sum w^2)
     dyn_rounds, dyn_kept   DAPO dynamic sampling: generation rounds, groups with non-constant
-    rewards dyn_filled             1 if the batch was filled with informative groups, 0 if the cap
-    was hit
+                           rewards
+    dyn_filled             1 if the batch was filled with informative groups, 0 if the cap was hit
     gen_tokens_per_s       generated tokens / rollout seconds
     train_tokens_per_s     response tokens processed by the optimizer loop / update seconds
     time_rollout, time_scoring, time_logprob, time_update, time_step   seconds per phase

@@ -1,6 +1,5 @@
 """The built-in adapters: rpg-ref's losses, twins written from documentation, and the peers' own
-code
-(each pinned to the version it was run on; left out, with a note, where not installed)."""
+code (each pinned to the version it was run on; left out, with a note, where not installed)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The peers' own loss code, pinned to the versions it was run on (installed with --no-deps; CI's
 .venv-audit). Each adapter calls the library's functions from its installed files
 (source.load_defs); what is written here is only the glue: tensors in the library's layout, and the
-conversion of its
-per-token mean to the audit's seq-mean-token-sum (x H: responses have fixed length H).
+conversion of its per-token mean to the audit's seq-mean-token-sum (x H: responses have
+fixed length H).
 
     OpenRLHF 0.11.2   models/loss.py PolicyLoss + models/utils.py compute_approx_kl (k1, k2, k3,
                       unbiased_gradient off/on) + aggregate_loss: the actor loss with the KL loss

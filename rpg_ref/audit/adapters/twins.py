@@ -1,13 +1,13 @@
 """Losses written here from a library's or paper's documented formula ("from docs" in the table).
 
-    verl 0.9.1    the kl_loss_types (twins of verl's own code, tests/test_audit_verl.py checks they
-    agree) TRL           GRPOTrainer's k3 term, with and without use_bias_correction_kl (TRL's own
-    code:
-    trl.py) DeepSeekMath  GRPO as published (Shao et al. 2024)
+    verl 0.9.1    the kl_loss_types (twins of verl's own code, tests/test_audit_verl.py checks
+                  they agree)
+    TRL           GRPOTrainer's k3 term, with and without use_bias_correction_kl (TRL's own code:
+                  trl.py)
+    DeepSeekMath  GRPO as published (Shao et al. 2024)
     DeepSeek-V3.2 the KL term k3 times the ratio pi_theta/pi_old, differentiable
     NeMo-RL       the KL estimate times exp(log pi - sg(log pi)) (value unchanged,
-    NVIDIA-NeMo/RL#2506);
-                  not installable from the package registry
+                  NVIDIA-NeMo/RL#2506); not installable from the package registry
     slime         --use-kl-loss --use-unbiased-kl: the estimate times exp(log pi - log pi_old),
                   differentiable; not installable from the package registry
     Liu et al.    k1 in the reward with per-token advantage A_t = R - beta k1_t (no return-to-go),
