@@ -41,24 +41,31 @@ def room_of(module: Path, table: dict) -> str | None:
     return None
 
 
+def absolute_imports(path: Path):
+    """(module, names) of every absolute import in ``path``, those inside functions too:
+    ``import a.b`` gives ("a.b", []), ``from a import b, c`` gives ("a", ["b", "c"])."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module, [a.name for a in node.names]
+
+
+def module_file(name: str) -> Path | None:
+    """The file of module ``name`` in this repository (a .py or a package's __init__.py)."""
+    base = ROOT.joinpath(*name.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
 def imported_modules(path: Path) -> set:
     """Every rpg_ref module that ``path`` imports, as a file of the package."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
+    for module, names in absolute_imports(path):
+        for name in (module, *(f"{module}.{n}" for n in names)):
             # the package itself: imported by every import of it
-            if not name.startswith("rpg_ref."):
-                continue
-            base = ROOT.joinpath(*name.split("."))
-            for f in (base.with_suffix(".py"), base / "__init__.py"):
-                if f.is_file():
-                    out.add(f)
+            if name.startswith("rpg_ref.") and (f := module_file(name)):
+                out.add(f)
     return out
 
 
@@ -108,27 +115,15 @@ def test_package_uses_full_module_paths():
     package: the short paths of rpg_ref.SHORT_PATHS are for users, and an import through one would
     escape the room rules above (it names no file)."""
     bad = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-                names += [f"{node.module}.{a.name}" for a in node.names
-                          if (ROOT.joinpath(*node.module.split(".")) / a.name).exists()
-                          or f"{node.module}.{a.name}" in SHORT_PATHS]
-            else:
+    for path in MODULES:
+        for module, names in absolute_imports(path):
+            if module.split(".")[0] != "rpg_ref":
                 continue
-            for name in names:
-                if name in SHORT_PATHS or (name.startswith("rpg_ref.")
-                                           and not _module_file(name)):
-                    bad.append(f"{path.relative_to(ROOT)}: {name}")
+            if module in SHORT_PATHS or not module_file(module):
+                bad.append(f"{path.relative_to(ROOT)}: {module}")
+            bad += [f"{path.relative_to(ROOT)}: {module}.{n}" for n in names
+                    if f"{module}.{n}" in SHORT_PATHS]
     assert not bad, bad
-
-
-def _module_file(name: str) -> bool:
-    base = ROOT.joinpath(*name.split("."))
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
 def test_short_paths_are_the_modules_themselves():
@@ -138,7 +133,7 @@ def test_short_paths_are_the_modules_themselves():
     import importlib
 
     for short, full in SHORT_PATHS.items():
-        assert _module_file(full), full
+        assert module_file(full), full
         module = importlib.import_module(short)
         assert module is importlib.import_module(full)
         assert module.__name__ == full and module.__spec__.name == full
