@@ -49,10 +49,6 @@ class _ShortPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         module.__spec__ = self.real_specs.pop(module.__spec__.name)  # executed under its own name
 
-    def get_code(self, fullname):  # python -m rpg_ref.<name> runs the real module's code
-        real = importlib.util.find_spec(SHORT_PATHS[fullname])
-        return real.loader.get_code(real.name)
-
 
 if not any(isinstance(f, _ShortPaths) for f in sys.meta_path):
     sys.meta_path.append(_ShortPaths())
