@@ -5,6 +5,7 @@ from fractions import Fraction
 
 import pytest
 from needs import needs_data
+from tiny_runs import tiny_eval_argv
 
 from rpg_ref.math import evaluation as ev
 from rpg_ref.math.data import data_dir, load_problems
@@ -124,32 +125,8 @@ def test_rpg_eval_runs_on_a_tiny_random_qwen3(tmp_path, capsys):
     _need(data_dir() / "eval" / "aime24.jsonl")
     model_dir = _tiny_qwen3(tmp_path)
     out = tmp_path / "eval.json"
-    rc = ev.main(
-        [
-            "--model",
-            str(model_dir),
-            "--data",
-            "aime24",
-            "aime25",
-            "--limit",
-            "2",
-            "--n",
-            "2",
-            "--k",
-            "1",
-            "2",
-            "--max-new-tokens",
-            "6",
-            "--batch-size",
-            "4",
-            "--device",
-            "cpu",
-            "--backend",
-            "normalizer",
-            "--out",
-            str(out),
-        ]
-    )
+    rc = ev.main(tiny_eval_argv(model_dir, out, data=("aime24", "aime25"), max_new_tokens=6,
+                                batch_size=4, device="cpu"))
     assert rc == 0
     printed = capsys.readouterr().out
     assert "aime24" in printed and "aime25" in printed and "pass@2" in printed

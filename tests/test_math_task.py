@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tiny_runs import tiny_math_argv
+from tiny_runs import tiny_eval_argv, tiny_math_argv
 
 from rpg_ref import cli
 from rpg_ref.interfaces import Prompt
@@ -119,29 +119,7 @@ def test_math_task_trains_two_steps_resumes_exports_and_rpg_eval_runs(
     capsys.readouterr()
     res_path = tmp_path / "eval.json"
     assert (
-        evaluation.main(
-            [
-                "--model",
-                str(out / "hf"),
-                "--data",
-                "amc23",
-                "--limit",
-                "2",
-                "--n",
-                "2",
-                "--k",
-                "1",
-                "2",
-                "--max-new-tokens",
-                "4",
-                "--device",
-                "cpu",
-                "--backend",
-                "normalizer",
-                "--out",
-                str(res_path),
-            ]
-        )
+        evaluation.main(tiny_eval_argv(out / "hf", res_path, max_new_tokens=4, device="cpu"))
         == 0
     )
     assert "amc23" in capsys.readouterr().out

@@ -35,8 +35,8 @@ LENGTHS = [6, 3, 1, 5]  # response tokens per row (right padding after)
 
 def _batch(vocab: int, seed: int = 0, lengths=LENGTHS):
     """TRL's inputs for one batch: no left padding (TRL passes no position ids, so both paths must
-    see positions 0..P+T-1), ragged responses, old and reference log-probs off the current ones
-    (filled in by _inputs) so that ratios straddle every clip bound."""
+    see positions 0..P+T-1), ragged responses, and noise that each test adds to the current
+    log-probs for old and reference ones (see _inputs), so that ratios straddle every clip bound."""
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(2, vocab, (B, P), generator=g)
     completion = torch.randint(2, vocab, (B, T), generator=g)
@@ -59,6 +59,19 @@ def _rpg_ref_logp(model, prompt, completion, mask):
         correct=torch.zeros(B, dtype=torch.bool),
     )
     return token_logprobs(model, b, TEMPERATURE)                                # [B, T]
+
+
+def _inputs(prompt, completion, mask, adv, old) -> dict:
+    """TRL's inputs dict for compute_loss: the batch and its old log-probs."""
+    return {
+        "prompt_ids": prompt,
+        "prompt_mask": torch.ones_like(prompt),
+        "completion_ids": completion,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
 
 
 class Float64LogProbs(RPGTrainer):
@@ -141,15 +154,7 @@ def test_trl_loss_and_gradient_equal_rpg_ref(tmp_path, name, opts, agg, factor):
     with torch.no_grad():
         logp = _rpg_ref_logp(model, prompt, completion, mask)
     old, ref = logp + noise[0] * mask, logp + noise[1] * mask
-    inputs = {
-        "prompt_ids": prompt,
-        "prompt_mask": torch.ones_like(prompt),
-        "completion_ids": completion,
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
+    inputs = _inputs(prompt, completion, mask, adv, old)
     if a.rpg_reference == "model":
         inputs["ref_per_token_logps"] = ref
     model.zero_grad()
@@ -319,15 +324,7 @@ def test_trl_empty_rows_count_as_in_trl(tmp_path, loss_type):
     prompt, completion, mask, adv, noise = _batch(model.config.vocab_size, lengths=[6, 0, 2, 5])
     with torch.no_grad():
         old = _rpg_ref_logp(model, prompt, completion, mask) + noise[0] * mask
-    inputs = {
-        "prompt_ids": prompt,
-        "prompt_mask": torch.ones_like(prompt),
-        "completion_ids": completion,
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
+    inputs = _inputs(prompt, completion, mask, adv, old)
     loss_trl = trainer.compute_loss(model, inputs)
     keep = torch.tensor([0, 2, 3])
     agg = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum"}

@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: these tests run in "
                     "their own venv, .venv-vllm, which .ci/run creates (docs/vllm.md)")
 
-from tiny_runs import tiny_math_argv
+from tiny_runs import tiny_eval_argv, tiny_math_argv
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from rpg_ref import cli
@@ -353,29 +353,7 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     res = tmp_path / "eval.json"
     assert (
         evaluation.main(
-            [
-                "--model",
-                str(full / "hf"),
-                "--tokenizer",
-                str(TOKENIZER),
-                "--engine",
-                "vllm",
-                "--data",
-                "amc23",
-                "--limit",
-                "2",
-                "--n",
-                "2",
-                "--k",
-                "1",
-                "2",
-                "--max-new-tokens",
-                "8",
-                "--backend",
-                "normalizer",
-                "--out",
-                str(res),
-            ]
+            tiny_eval_argv(full / "hf", res, tokenizer=TOKENIZER, engine="vllm", max_new_tokens=8)
         )
         == 0
     )

@@ -1,10 +1,12 @@
-"""The small rpg-train runs that several test files use, as argument lists: a test passes only the
-settings it changes, as keywords (math_eval_n=0 -> --math-eval-n 0; True -> the bare flag,
-False -> --no-<flag>, a tuple -> several values, None -> the flag left out).
+"""The small rpg-train and rpg-eval runs that several test files use, as argument lists: a test
+passes only the settings it changes, as keywords (math_eval_n=0 -> --math-eval-n 0; True -> the bare
+flag, False -> --no-<flag>, a tuple -> several values, None -> the flag left out).
 
     tiny_math_argv(model, out, **settings)   --task math on a tiny Qwen3 (model: a config.json),
                                              2 AMC23 problems x 2 responses of 4 tokens, 2 steps
     small_seq_argv(**settings)               --task seq, 4 prompts x 4 responses
+    tiny_eval_argv(model, out, **settings)   rpg-eval of ``model`` (an HF folder) on 2 AMC23
+                                             problems x 2 responses, normalizer checks, into ``out``
 
 Standard library only: tests/test_vllm_real.py imports it in the vLLM venv.
 """
@@ -36,6 +38,14 @@ TINY_MATH = {
     "threads": 1,
 }
 
+TINY_EVAL = {
+    "data": "amc23",
+    "limit": 2,
+    "n": 2,
+    "k": (1, 2),
+    "backend": "normalizer",
+}
+
 SMALL_SEQ = {
     "task": "seq",
     "prompts_per_step": 4,
@@ -46,7 +56,7 @@ SMALL_SEQ = {
 
 
 def argv_of(settings: dict) -> list[str]:
-    """rpg-train's arguments for {option: value}, in the dict's order (see the module's doc)."""
+    """A command's arguments for {option: value}, in the dict's order (see the module's doc)."""
     argv = []
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")
@@ -71,3 +81,8 @@ def tiny_math_argv(model, out, **settings) -> list[str]:
 def small_seq_argv(**settings) -> list[str]:
     """The small seq run (no --out: give it, or a test's parse_config call adds it)."""
     return argv_of({**SMALL_SEQ, **settings})
+
+
+def tiny_eval_argv(model, out, **settings) -> list[str]:
+    """The tiny rpg-eval run of ``model`` (an HF checkpoint folder), its results in ``out``."""
+    return argv_of({"model": str(model), **TINY_EVAL, **settings, "out": str(out)})
