@@ -18,7 +18,9 @@ triton on CUDA). Fused and op by op agree to float rounding (tests/test_losses_f
 
 The kernel takes the loss's LossSpec vocabulary: its family ("rpg", "rpg-reinforce",
 "baseline") and its KL term (a row of rpg_ref.core.divergences.DIVERGENCES), whose columns ``score``
-(h = (dd / d log pi_theta) / w) and ``per_ratio`` (g = d / w, g' = dg / d log rho) replace autograd.
+(h = (dd / d log pi_theta) / w) and ``per_ratio`` (g = d / w, g' = dg / d log rho) replace autograd;
+the PPO-clip baselines add GRPO's k3 term, which has no importance weight, from its ``unweighted``
+column (d and dd / d log pi_theta from 1/rho).
 """
 
 from __future__ import annotations
