@@ -328,4 +328,4 @@ def main(argv: list | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    D.exit_process(main())

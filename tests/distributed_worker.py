@@ -226,3 +226,4 @@ def main(out_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    D.exit_process(0)  # as rpg-train's ranks do: no interpreter teardown after the process group

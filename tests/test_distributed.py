@@ -233,7 +233,8 @@ def interrupted_save_model(model, path, *a, **kw):
         time.sleep(1.0)  # the rank's own SIGTERM arrives meanwhile
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = interrupted_save_model
-sys.exit(main(sys.argv[1:]))
+from rpg_ref.trainer.distributed import exit_process
+exit_process(main(sys.argv[1:]))
 """
 
 

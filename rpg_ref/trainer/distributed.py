@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import json
 import os
+import sys
 import warnings
 from contextlib import contextmanager
 from datetime import timedelta
@@ -479,3 +480,16 @@ def peer_failure(e: BaseException) -> bool:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int):
+    """End the process with ``code`` once its work is done. A torchrun rank flushes its output and
+    leaves by os._exit, skipping the interpreter's final teardown: there, after
+    destroy_process_group, torch 2.13's gloo backend now and then aborts the process ("terminate
+    called without an active exception", no Python frame), turning a finished run into a failed
+    torchrun job. One process: sys.exit."""
+    if world() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
