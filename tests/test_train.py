@@ -32,6 +32,7 @@ from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.tasks.bandit import kl_regularized_optimum
 from rpg_ref.trainer import config, train
+from rpg_ref.trainer.distributed import Workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -364,9 +365,9 @@ def test_dynamic_sampling_refills_and_caps(tmp_path, rounds, filled):
             str(tmp_path / "o"),
         ]
     )
-    batch, info = train.rollout(
-        _FakeTask(), _FakeEngine(), cfg, torch.Generator(), torch.device("cpu")
-    )
+    task = _FakeTask()
+    workers = Workers(task, _FakeEngine(), None)  # one process: the task's and engine's own calls
+    batch, info = train.rollout(task, workers, cfg, torch.Generator(), torch.device("cpu"))
     assert len(batch) == 12
     groups = batch.rewards.reshape(3, 4)
     if filled:
