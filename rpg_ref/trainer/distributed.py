@@ -281,8 +281,8 @@ def gathered(model: nn.Module | None):
 
 def share(n: int) -> tuple[int, int]:
     """This rank's contiguous share [lo, hi) of n items (sizes differ by at most one)."""
-    W, r = world(), rank()
-    return r * n // W, (r + 1) * n // W
+    W, i = world(), rank()
+    return i * n // W, (i + 1) * n // W
 
 
 def _all_gather(obj) -> list:
@@ -319,10 +319,11 @@ class Workers:
         responses, logprobs = [], []
         with gathered(self.policy):
             for idx, k in calls:
-                g = self.engine.generate([prompts[i] for i in idx], k, temperature, top_p,
-                                         max_new_tokens)
-                responses += g.responses
-                logprobs = None if logprobs is None or g.logprobs is None else logprobs + g.logprobs
+                part = self.engine.generate([prompts[i] for i in idx], k, temperature, top_p,
+                                            max_new_tokens)
+                responses += part.responses
+                logprobs = (None if logprobs is None or part.logprobs is None
+                            else logprobs + part.logprobs)
         parts = _all_gather(Generation(responses, logprobs))
         lps = None if any(p.logprobs is None for p in parts) else [x for p in parts
                                                                    for x in p.logprobs]

@@ -22,11 +22,10 @@ With ``--ref iterative`` (the default) pi_ref = pi_old: the loss gets ``ref_logp
 model lives in memory. ``--ref init`` keeps a frozen copy of the initial policy as pi_ref (GRPO's
 setting): a second model. Losses and advantages are imported, never re-implemented here.
 
-The loop is single-process code over the step's whole batch. Under torchrun the work is split at
-the calls into rpg_ref/trainer/distributed.py: ``Workers`` (each rank samples and scores its share
-of the responses, every rank gets them all), ``map_rows`` (the log-prob passes), and in the update
-``from_main``, ``micro_batches`` and ``sum_over_ranks`` (the ranks share each mini-batch). One
-process: each of them is the plain call.
+The loop is single-process code over the step's whole batch. Under torchrun the ranks split the
+work inside the calls to rpg_ref/trainer/distributed.py (``Workers``: sampling and scoring;
+``map_rows``: log-probs; ``from_main``, ``micro_batches``, ``sum_over_ranks``: the update); with one
+process each of them is the plain call.
 
 Everything else lives next door: the flags and presets in rpg_ref/trainer/config.py and
 rpg_ref/cli.py, what a task or an engine must provide in rpg_ref/interfaces.py, the tasks in
@@ -102,25 +101,24 @@ def rollout(task, workers, cfg: Config, gen: torch.Generator, device) -> tuple[B
         responses = sampled.responses
         r, correct = workers.reward([p for p in prompts for _ in range(G)], responses)  # [n*G]
         lengths = torch.tensor([len(x) for x in responses], device=r.device)
-        r = r + overlong_penalty(
-            lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
-        )
+        r = r + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
+                                 cfg.overlong_penalty)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
         rounds, n_tok = rounds + 1, n_tok + int(lengths.sum())
         for i, p in enumerate(prompts):
             sl = slice(i * G, (i + 1) * G)
-            slp = None if sampled.logprobs is None else sampled.logprobs[sl]
-            group = Group(p, responses[sl], slp, r[sl], correct[sl])
+            lps = None if sampled.logprobs is None else sampled.logprobs[sl]
+            group = Group(p, responses[sl], lps, r[sl], correct[sl])
             informative = bool((group.rewards != group.rewards[0]).any())
             (kept if informative or not cfg.dynamic_sampling else dropped).append(group)
     groups = (kept + dropped[::-1])[: cfg.prompts_per_step]
-    slp = (None if any(g.sampler_logp is None for g in groups)
-           else [lp for g in groups for lp in g.sampler_logp])
-    ids, responses = [g.prompt.ids for g in groups for _ in range(G)], [y for g in groups
-                                                                        for y in g.responses]
+    slp = (None if any(grp.sampler_logp is None for grp in groups)
+           else [lp for grp in groups for lp in grp.sampler_logp])
+    ids = [grp.prompt.ids for grp in groups for _ in range(G)]
+    responses = [y for grp in groups for y in grp.responses]
     batch = Batch(**collate(ids, responses, task.pad_id, device, slp),
-                  rewards=torch.cat([g.rewards for g in groups]).float().to(device),
-                  correct=torch.cat([g.correct for g in groups]).to(device))
+                  rewards=torch.cat([grp.rewards for grp in groups]).float().to(device),
+                  correct=torch.cat([grp.correct for grp in groups]).to(device))
     info = {"time_rollout": t_gen, "time_scoring": t_score, "gen_tokens": n_tok}
     if cfg.dynamic_sampling:
         info.update(dyn_rounds=rounds, dyn_kept=min(len(kept), cfg.prompts_per_step),
@@ -186,8 +184,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
             opt.zero_grad(set_to_none=True)
             mb_tokens = float(mb.mask.sum())
             mb_stats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
-            # padding cut per micro-batch; under torchrun this rank's share of mb, and as many
-            # micro-batches on every rank (FSDP's collectives are per pass)
+            # padding cut per micro-batch; torchrun: this rank's share of mb (and as many
+            # micro-batches on every rank: FSDP's collectives are per pass)
             for ub, live in distributed.micro_batches(mb, cfg.micro_batch_size,
                                                       cfg.micro_batch_tokens):
                 # [mu, T']
@@ -208,9 +206,8 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
                 early = True
                 opt.zero_grad(set_to_none=True)
                 break
-            gn = torch.nn.utils.clip_grad_norm_(
-                params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            )
+            gn = torch.nn.utils.clip_grad_norm_(params,
+                                                cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             opt.step()
             n_upd += 1
             train_tokens += int(mb.mask.sum())
@@ -263,9 +260,8 @@ class Run(NamedTuple):
 def prepare(cfg: Config) -> Run:
     """Build the task (reads its data), the policy (loads its model), pi_ref, the engine and the
     optimizer. A bad input raises ValueError here, before OUT is created."""
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
-                          if cfg.device == "auto" else cfg.device)
-    rank = distributed.init(cfg, device)  # torchrun: join the process group (cuda:LOCAL_RANK)
+    rank = distributed.init(cfg, torch.device(  # torchrun: join the group, cuda:LOCAL_RANK
+        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device))
     device = rank.device
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -329,8 +325,8 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         t_step = time.perf_counter()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
+        for param_group in opt.param_groups:
+            param_group["lr"] = lr_at(step, cfg)
 
         # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
         bar.phase("rollout")
