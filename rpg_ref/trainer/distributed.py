@@ -19,8 +19,9 @@ ranks decide together (so they never disagree):
   different numbers of them), and the shards are restored after.
 - The log-prob passes (``map_rows``): each rank computes its contiguous N / world rows, and the
   [rows, T] results are all-gathered, so every rank holds log pi_old (and log pi_ref) of the batch.
-- The update: every mini-batch is one permutation of the whole batch, drawn by rank 0 and sent to
-  all (``from_main``); each rank trains its contiguous M / world rows of it (``micro_batches``)
+- The update: the mini-batches are slices of one permutation of the whole batch, drawn by rank 0
+  and sent to all (``from_main``); each rank trains its contiguous M / world rows of each
+  (``micro_batches``)
   and weights each micro-batch loss by its share of the GLOBAL mini-batch (tokens for token-mean,
   sequences otherwise). FSDP reduce-scatters the gradients with a plain SUM (gradient divide
   factor 1), so the summed gradient is the single-process gradient of the mini-batch. Gradient-norm
@@ -395,6 +396,8 @@ def from_main(x: Tensor) -> Tensor:
 
 
 class MicroBatch(NamedTuple):
+    """A micro-batch of this rank's rows of a mini-batch."""
+
     rows: Batch
     live: bool  # False: a repeat that only keeps the ranks' passes in step (its loss weight is 0)
 

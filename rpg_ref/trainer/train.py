@@ -98,9 +98,9 @@ def rollout(task, workers, cfg: Config, gen: torch.Generator, device) -> tuple[B
         sampled = workers.generate([p.ids for p in prompts], G, cfg.temperature, cfg.top_p,
                                    cfg.max_new_tokens)  # n x G responses, groups consecutive
         t1 = time.perf_counter()
-        responses = sampled.responses
-        r, correct = workers.reward([p for p in prompts for _ in range(G)], responses)  # [n*G]
-        lengths = torch.tensor([len(x) for x in responses], device=r.device)
+        r, correct = workers.reward([p for p in prompts for _ in range(G)],
+                                    sampled.responses)  # [n*G] each
+        lengths = torch.tensor([len(x) for x in sampled.responses], device=r.device)
         r = r + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
                                  cfg.overlong_penalty)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
@@ -108,7 +108,7 @@ def rollout(task, workers, cfg: Config, gen: torch.Generator, device) -> tuple[B
         for i, p in enumerate(prompts):
             sl = slice(i * G, (i + 1) * G)
             lps = None if sampled.logprobs is None else sampled.logprobs[sl]
-            group = Group(p, responses[sl], lps, r[sl], correct[sl])
+            group = Group(p, sampled.responses[sl], lps, r[sl], correct[sl])
             informative = bool((group.rewards != group.rewards[0]).any())
             (kept if informative or not cfg.dynamic_sampling else dropped).append(group)
     groups = (kept + dropped[::-1])[: cfg.prompts_per_step]
