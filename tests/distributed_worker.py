@@ -1,9 +1,11 @@
 """Run by tests/test_distributed.py under `torchrun --nproc_per_node 2` (gloo, CPU).
 
-One update (rpg_ref.trainer.train.update) of a float64 tiny Qwen3 on 2 ranks, each holding half of a
-fixed batch, against the same update in one process on the whole batch (computed on every rank with
-the collectives switched off), for each case of CASES; then the bytes of parameters and AdamW state
-each rank holds. Rank 0 writes the results as JSON to argv[1].
+One update (rpg_ref.trainer.train.update) of a float64 tiny Qwen3 on 2 ranks, each training its
+share of every mini-batch of a fixed batch, against the same update in one process (computed on
+every rank with the collectives switched off), for each case of CASES; the rollout's calls
+(rpg_ref.trainer.distributed.Workers, map_rows) and the advantages every rank computes from them;
+then the bytes of parameters and AdamW state each rank holds. Rank 0 writes the results as JSON to
+argv[1].
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rpg_ref.interfaces import Batch, collate
+from rpg_ref.interfaces import Batch, Generation, collate
 from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer import train
 from rpg_ref.trainer.config import Config, loss_options
@@ -33,7 +35,12 @@ CASES = [
         "seq-mean micro-batches of 2",
         dict(algo="rpg-fkl", agg="seq-mean-token-mean", micro_batch_size=2),
     ),
-    # --rollout-correction: each rank weights its own rows; the statistics are over both ranks
+    # several mini-batches and passes: the ranks must train the same mini-batches
+    (
+        "two mini-batches, two passes",
+        dict(algo="rpg-reinforce-urkl", agg="token-mean", mini_batch_size=4, updates_per_step=4),
+    ),
+    # --rollout-correction: every rank weights the whole batch and trains its share
     (
         "rollout correction tis, token",
         dict(
@@ -112,44 +119,98 @@ def rollout_weights(b, cfg) -> dict:
     return weights_for_batch(b, cfg)
 
 
+def one_process(fn):
+    """fn() with rpg_ref.trainer.distributed's collectives switched off (one process)."""
+    active, world, rank = D.active, D.world, D.rank
+    D.active, D.world, D.rank = (lambda: False), (lambda: 1), (lambda: 0)
+    try:
+        return fn()
+    finally:
+        D.active, D.world, D.rank = active, world, rank
+
+
 def one_process_update(model, b, cfg):
     """rpg_ref.trainer.train.update in one process (after the rollout-correction weights of b, if
-    any): rpg_ref.trainer.distributed's collectives switched off."""
-    active, world = D.active, D.world
-    D.active, D.world = (lambda: False), (lambda: 1)
-    try:
-        opt = make_opt(model)
-        return {**rollout_weights(b, cfg), **train.update(model, opt, b, cfg, loss_options(cfg))}
-    finally:
-        D.active, D.world = active, world
+    any)."""
+    return one_process(lambda: {**rollout_weights(b, cfg),
+                                **train.update(model, make_opt(model), b, cfg, loss_options(cfg))})
 
 
-def advantages_check() -> dict:
-    """Every estimator through rpg_ref.trainer.distributed.advantages on this rank's rows (12
-    responses in groups of 4: the middle group spans both ranks; each rank's tensors cut to its own
-    longest response) against rpg_ref.core.advantages on the whole batch: max |difference| per
-    estimator."""
+class FakeEngine:
+    """A response to prompt [p] is [p, k, ..., k] (k + 1 tokens, k = 1 + c % 3 for a counter c that
+    starts at 7 x rank: the ranks sample different responses); log-probs -0.1 x token. Counts the
+    responses it sampled."""
+
+    def __init__(self):
+        self.c, self.sampled = 7 * dist.get_rank(), 0
+
+    def generate(self, prompts, n, temperature, top_p, max_new_tokens):
+        out = []
+        for p in prompts:
+            for _ in range(n):
+                out.append([p[0]] + [1 + self.c % 3] * (1 + self.c % 3))
+                self.c, self.sampled = self.c + 1, self.sampled + 1
+        return Generation(out, [[-0.1 * t for t in r] for r in out])
+
+
+class FakeTask:
+    """Reward: the sum of the response's tokens times its prompt id, mod 5; counts the scored."""
+
+    def __init__(self):
+        self.scored = 0
+
+    def reward(self, prompts, responses):
+        self.scored += len(responses)
+        r = torch.tensor([float(sum(x) * p[0] % 5) for p, x in zip(prompts, responses)],
+                         dtype=torch.float64)
+        return r, r > 2
+
+
+def whole_batch_check() -> dict:
+    """The rollout's calls on 2 ranks (12 responses in groups of 4: the middle group spans both
+    ranks): rpg_ref.trainer.distributed.Workers.generate and .reward (each rank samples and scores
+    its 6, every rank gets all 12 responses, log-probs and rewards), map_rows (each rank computes
+    the log-probs of its 6 rows, every rank gets the 12); then every estimator of
+    rpg_ref.core.advantages on what a rank holds against the same computed by one process on the
+    whole batch: max |difference| per estimator (over both ranks)."""
     from rpg_ref.core.advantages import ADVANTAGES, compute_advantages
 
+    G, prompts = 4, [[1], [2], [3]]
+    engine, task = FakeEngine(), FakeTask()
+    workers = D.Workers(task, engine, None)
+    gen = workers.generate(prompts, G, 1.0, 1.0, 8)
+    per_response = [p for p in prompts for _ in range(G)]
+    r, correct = workers.reward(per_response, gen.responses)
+    b = Batch(**collate(per_response, gen.responses, 0, "cpu", gen.logprobs), rewards=r,
+              correct=correct)
     g = torch.Generator().manual_seed(3)
-    n, G, T = 12, 4, 6
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).double()  # [n, T]
-    rewards = torch.randint(0, 3, (n,), generator=g).double()
-    old, ref = (torch.randn(n, T, generator=g, dtype=torch.float64) * mask for _ in range(2))
-    lo, hi = D.share(n)
-    t = int(lengths[lo:hi].max())
-    out = {}
+    noise = torch.randn(b.mask.shape, generator=g, dtype=torch.float64)  # the same on both ranks
+
+    def logprobs(rows):  # a function of each row alone: the sampler's log-probs, moved
+        moved = rows.sampler_logp.double() + 0.3 * rows.input_ids[:, -rows.mask.shape[1]:]
+        return moved * rows.mask, -moved * rows.mask
+
+    old, ref = D.map_rows(logprobs, b, None)
+    whole, counts = [None] * dist.get_world_size(), [None] * dist.get_world_size()
+    dist.all_gather_object(whole, (gen.responses, gen.logprobs, r.tolist(), old.tolist()))
+    dist.all_gather_object(counts, (engine.sampled, task.scored))
+    out = {"every_rank_holds_the_same": all(w == whole[0] for w in whole),
+           "sampled_scored_per_rank": counts, "responses": len(gen.responses),
+           "groups_in_order": [x[0] for x in gen.responses] == [p[0] for p in per_response],
+           "advantages": {}}
+    one = logprobs(b)  # one process: the whole batch at once
+    out["logprobs_equal_one_process"] = bool(torch.equal(old, one[0]) and torch.equal(ref, one[1]))
+    rewards = torch.tensor([float(sum(x) * p[0] % 5) for p, x in zip(per_response, gen.responses)],
+                           dtype=torch.float64)
+    out["rewards_equal_one_process"] = bool(torch.equal(r, rewards))
     for name in ADVANTAGES:
-        want = compute_advantages(name, rewards, G, mask=mask, old_logp=old, ref_logp=ref, beta=0.1)
-        got = D.advantages(compute_advantages, name, rewards[lo:hi], G, mask=mask[lo:hi, :t],
-                           old_logp=old[lo:hi, :t], ref_logp=ref[lo:hi, :t], beta=0.1)
-        want = want[lo:hi, :t] if want.dim() == 2 else want[lo:hi]
-        diff = torch.tensor(
-            float((got - want).abs().max()) if got.shape == want.shape else float("inf")
-        )
+        kw = dict(mask=b.mask.double(), beta=0.1)
+        got = compute_advantages(name, r, G, old_logp=old + noise * b.mask, ref_logp=ref, **kw)
+        want = compute_advantages(name, rewards, G, old_logp=one[0] + noise * b.mask,
+                                  ref_logp=one[1], **kw)
+        diff = torch.tensor(float((got - want).abs().max()))
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        out[name] = float(diff)
+        out["advantages"][name] = float(diff)
     return out
 
 
@@ -175,15 +236,13 @@ def main(out_path: str) -> None:
             b.sampler_logp = (
                 b.old_logp + 0.2 * torch.randn(b.mask.shape, generator=g, dtype=torch.float64)
             ) * b.mask
-        lo, hi = D.share(N)
-        share = b.index(slice(lo, hi))
         single = copy.deepcopy(base)
         torch.manual_seed(2)
         s_stats = one_process_update(single, b, cfg)
-        sharded = D.shard(copy.deepcopy(base))
-        torch.manual_seed(2)
-        d_stats = {**rollout_weights(share, cfg),
-                   **train.update(sharded, make_opt(sharded), share, cfg, loss_options(cfg))}
+        sharded, _ = D.shard(copy.deepcopy(base))
+        torch.manual_seed(2 + 1000 * dist.get_rank())  # only rank 0's mini-batch order is used
+        d_stats = {**rollout_weights(b, cfg),
+                   **train.update(sharded, make_opt(sharded), b, cfg, loss_options(cfg))}
         want, got = {n: p.detach() for n, p in single.named_parameters()}, full_params(sharded)
         results["cases"][name] = {
             "param_max_abs_diff": max(float((got[n] - want[n]).abs().max()) for n in want),
@@ -201,9 +260,9 @@ def main(out_path: str) -> None:
             "grad_clipped": s_stats["grad_norm"] > cfg.grad_clip,
             "rc_stats": {k: (s_stats[k], d_stats[k]) for k in s_stats if k.startswith("rc_")},
         }
-    results["advantages"] = advantages_check()
+    results["whole_batch"] = whole_batch_check()
     # bytes per rank: parameters (local shards) and AdamW's exp_avg, exp_avg_sq (local shards)
-    model = D.shard(copy.deepcopy(base))
+    model, _ = D.shard(copy.deepcopy(base))
     opt = make_opt(model)
     loss = model(input_ids=torch.randint(0, 24, (2, 5))).logits.sum()
     loss.backward()

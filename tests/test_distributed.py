@@ -68,13 +68,17 @@ def worker(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("case", ["token-mean", "seq-mean-token-mean",
                                   "token-mean micro-batches by tokens, ref",
-                                  "seq-mean micro-batches of 2", "rollout correction tis, token",
+                                  "seq-mean micro-batches of 2", "two mini-batches, two passes",
+                                  "rollout correction tis, token",
                                   "rollout correction mis, sequence"])
 def test_one_update_on_2_ranks_equals_one_process_on_union_batch(worker, case):
-    """One optimizer step (rpg_ref.trainer.train.update: micro-batch weights, global-norm clipping,
-    fused AdamW) of a float64 tiny Qwen3 on 2 FSDP2 ranks, each with half of a fixed batch, gives
-    the parameters of one process on the whole batch to 1e-12 (the step itself moves them by about
-    1e-2), for token-mean and seq-mean losses. Loss and gradient norm agree to 1e-12 as well."""
+    """The update (rpg_ref.trainer.train.update: micro-batch weights, global-norm clipping, fused
+    AdamW) of a float64 tiny Qwen3 on 2 FSDP2 ranks, each training its half of every mini-batch,
+    gives the parameters of one process on the whole batch to 1e-12 (the update itself moves them
+    by about 1e-2), for token-mean and seq-mean losses. With two mini-batches per pass and two
+    passes, the ranks seed their own generators differently: only rank 0's mini-batch order, sent
+    to both, makes them train the one-process mini-batches. Loss and gradient norm agree to 1e-12
+    as well."""
     r = worker["cases"][case]
     assert r["grad_clipped"]  # the global norm was used, not only computed
     assert r["param_max_abs_change"] > 1e-3
@@ -85,14 +89,16 @@ def test_one_update_on_2_ranks_equals_one_process_on_union_batch(worker, case):
 def test_token_mean_statistics_equal_one_process(worker):
     """With a token-mean loss every logged statistic of the update (loss, grad norm, kl_old,
     ratio_mean, clip fractions) is the one-process value on the union batch (1e-12)."""
-    for case in ("token-mean", "token-mean micro-batches by tokens, ref"):
+    for case in ("token-mean", "token-mean micro-batches by tokens, ref",
+                 "two mini-batches, two passes"):
         assert worker["cases"][case]["stats_max_abs_diff"] <= 1e-12, worker["cases"][case]
 
 
 def test_rollout_correction_statistics_equal_one_process(worker):
-    """--rollout-correction on 2 ranks: each rank weights its own rows (the update above equals the
-    one-process update on the union batch), and the logged rc_* statistics are those of the union
-    batch (1e-12): some weight was capped (tis, token level) or masked (mis, sequence level)."""
+    """--rollout-correction on 2 ranks: every rank weights the whole batch and trains its share (the
+    update above equals the one-process update on the union batch), and the logged rc_* statistics
+    are those of the union batch (1e-12): some weight was capped (tis, token level) or masked (mis,
+    sequence level)."""
     for case in ("rollout correction tis, token", "rollout correction mis, sequence"):
         rc = worker["cases"][case]["rc_stats"]
         assert set(rc) == {"rc_weight_mean", "rc_capped_frac", "rc_log_ratio_max", "rc_ess"}, rc
@@ -100,13 +106,21 @@ def test_rollout_correction_statistics_equal_one_process(worker):
         assert 0 < rc["rc_capped_frac"][0] < 1 and rc["rc_ess"][0] < 1, (case, rc)
 
 
-def test_advantages_on_2_ranks_equal_the_whole_batch(worker):
-    """Every advantage estimator of rpg_ref.core.advantages (group mean, group mean/std, batch mean,
-    leave-one-out, REINFORCE++ and its baseline variant, which whiten over every token of the
-    batch) gives each rank exactly the rows of the one-process advantages of the whole batch,
-    also for a group that spans the two ranks (float64, 1e-12)."""
-    assert len(worker["advantages"]) == 6
-    for name, diff in worker["advantages"].items():
+def test_every_rank_gets_the_whole_batch_and_its_advantages(worker):
+    """The rollout on 2 ranks (rpg_ref.trainer.distributed: Workers.generate, Workers.reward,
+    map_rows; 3 groups of 4, the middle one spanning the ranks): each rank's engine samples and
+    its task scores exactly its 6 responses, each rank computes the log-probs of its 6 rows, and
+    both ranks then hold the same 12 responses (groups in prompt order), sampler log-probs,
+    rewards and log-probs, the rewards and log-probs equal to one process's on the whole batch.
+    Every advantage estimator of rpg_ref.core.advantages (group mean, group mean/std, batch mean,
+    leave-one-out, REINFORCE++ and its baseline variant, which whiten over every token) computed
+    from them gives the one-process advantages (float64, 1e-12)."""
+    w = worker["whole_batch"]
+    assert w["every_rank_holds_the_same"] and w["groups_in_order"] and w["responses"] == 12, w
+    assert w["sampled_scored_per_rank"] == [[6, 6], [6, 6]], w
+    assert w["rewards_equal_one_process"] and w["logprobs_equal_one_process"], w
+    assert len(w["advantages"]) == 6
+    for name, diff in w["advantages"].items():
         assert diff <= 1e-12, (name, diff)
 
 

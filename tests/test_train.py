@@ -32,6 +32,7 @@ from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.tasks.bandit import kl_regularized_optimum
 from rpg_ref.trainer import config, train
+from rpg_ref.trainer.distributed import Workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -364,9 +365,9 @@ def test_dynamic_sampling_refills_and_caps(tmp_path, rounds, filled):
             str(tmp_path / "o"),
         ]
     )
-    batch, info = train.rollout(
-        _FakeTask(), _FakeEngine(), cfg, torch.Generator(), torch.device("cpu")
-    )
+    task = _FakeTask()
+    workers = Workers(task, _FakeEngine(), None)  # one process: the task's and engine's own calls
+    batch, info = train.rollout(task, workers, cfg, torch.Generator(), torch.device("cpu"))
     assert len(batch) == 12
     groups = batch.rewards.reshape(3, 4)
     if filled:
@@ -376,6 +377,26 @@ def test_dynamic_sampling_refills_and_caps(tmp_path, rounds, filled):
     else:
         assert info == {**info, "dyn_rounds": 2, "dyn_kept": 2, "dyn_filled": 0}
         assert batch.input_ids[::4, 0].tolist() == [2, 4, 5]  # kept 1, 3, then dropped 4
+
+
+def test_token_level_advantages_are_one_rule():
+    """rpg_ref.core.advantages.TOKEN_LEVEL is the one rule the loop relies on: it names the two
+    REINFORCE++ estimators (per-token returns, Hu et al. 2025), exactly its estimators return
+    [N, T] advantages (the others [N]), and exactly the losses whose KL is in the reward
+    (LossSpec.kl_in_reward) default to one of them."""
+    from rpg_ref.core.advantages import ADVANTAGES, TOKEN_LEVEL, compute_advantages
+    from rpg_ref.core.losses import SPECS
+
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.arange(5)[None, :] < torch.tensor([[2], [5], [3], [1]])).double()  # [4, 5]
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    old, ref = (torch.randn(4, 5, generator=g, dtype=torch.float64) * mask for _ in range(2))
+    for name in ADVANTAGES:
+        adv = compute_advantages(name, rewards, 2, mask=mask, old_logp=old, ref_logp=ref, beta=0.1)
+        assert adv.shape == ((4, 5) if name in TOKEN_LEVEL else (4,)), (name, adv.shape)
+    assert set(TOKEN_LEVEL) == {"reinforce++", "reinforce++-baseline"}
+    for name, spec in SPECS.items():
+        assert (spec.advantage in TOKEN_LEVEL) == spec.kl_in_reward, name
 
 
 # ------------------------------------------------------------------------------------------

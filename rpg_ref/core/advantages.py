@@ -26,6 +26,7 @@ from rpg_ref.core.loss_spec import check_beta
 __all__ = [
     "ADVANTAGES",
     "GROUP_ESTIMATORS",
+    "TOKEN_LEVEL",
     "batch_mean",
     "compute_advantages",
     "group_mean",
@@ -140,6 +141,9 @@ ADVANTAGES = {
     "reinforce++-baseline": None,
 }
 GROUP_ESTIMATORS = ("group-mean", "group-mean-std", "leave-one-out", "reinforce++-baseline")
+# [N, T] advantages from per-token rewards: the losses whose KL is in the reward
+# (rpg_ref.core.loss_spec.LossSpec.kl_in_reward) take these, and only these
+TOKEN_LEVEL = ("reinforce++", "reinforce++-baseline")
 
 
 def compute_advantages(name: str, rewards: Tensor, group_size: int, mask: Tensor | None = None,
@@ -148,7 +152,7 @@ def compute_advantages(name: str, rewards: Tensor, group_size: int, mask: Tensor
     """Dispatch by estimator name; returns [N] (outcome estimators) or [N, T] (reinforce++)."""
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ADVANTAGES)}")
-    if name.startswith("reinforce++"):
+    if name in TOKEN_LEVEL:
         if mask is None or old_logp is None:
             raise ValueError(f"{name} needs mask and old_logp (token-level advantages)")
         return reinforce_pp(rewards, mask, old_logp, ref_logp, beta,

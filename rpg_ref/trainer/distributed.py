@@ -2,35 +2,43 @@
 
     torchrun --standalone --nproc_per_node N -m rpg_ref.cli [flags]      (docs/distributed.md)
 
-What a rank does, and what the ranks decide together (so they never disagree):
-- Every rank draws the same prompts from the shared prompt stream; the step's N = prompts x G
-  responses are cut into N / world contiguous shares by response index, and each rank samples and
-  scores its share with its own engine and its own RNG stream (``generate_share``). A group may
-  span two ranks: the advantages are computed from the all-gathered rewards of the whole batch
-  (``advantages``), so group statistics are the single-process ones. DAPO dynamic sampling decides
-  on the gathered rewards and then moves the responses of the selected groups to the rank that
-  trains them (``take_share``).
-- The policy (and pi_ref with --ref init) is sharded with FSDP2 (``fully_shard`` per decoder layer,
-  then the root), so parameters, gradients and AdamW state are 1/world per rank. Sampling, the
-  log-prob passes, evaluation and weight syncs run inside ``gathered(model)``: the full weights are
-  all-gathered once, every forward is then local (ranks may run different numbers of them), and
-  the shards are restored after.
-- The loss is the global batch's: each rank weights its micro-batch losses by their share of the
-  GLOBAL mini-batch (tokens for token-mean, sequences otherwise) and FSDP reduce-scatters the
-  gradients with a plain SUM (gradient divide factor 1), so the summed gradient is the
-  single-process gradient of the union batch. Gradient-norm clipping uses the global norm.
-- Every logged quantity and every decision (kappa early stop, dynamic sampling) is reduced over
-  the ranks first. Rank 0 writes the run folder; rank 0 alone runs the task's evaluation.
+The loop (rpg_ref/trainer/train.py) is written for one process over the step's whole batch; the
+calls below are where the ranks split the work and where they meet. What a rank does, and what the
+ranks decide together (so they never disagree):
+- Every rank draws the same prompts from the shared prompt stream. ``Workers`` cuts the step's
+  prompts x G responses into world contiguous shares by response index; each rank samples
+  (``Workers.generate``) and scores (``Workers.reward``) its share with its own engine and its own
+  random stream (``Rank.seed_offset``), and every rank then holds all the token lists, sampler
+  log-probs and rewards. So DAPO's dynamic sampling, the batch, the advantages (groups may span
+  ranks; REINFORCE++ whitens over every token) and the logged rollout values are computed by every
+  rank on the whole batch, exactly as one process computes them.
+- The policy (and pi_ref with --ref init) is sharded with FSDP2 (``shard``: ``fully_shard`` per
+  decoder layer, then the root), so parameters, gradients and AdamW state are 1/world per rank.
+  Sampling, the log-prob passes, evaluation and weight syncs run inside ``gathered(model)``: the
+  full weights are all-gathered once per call, every forward is then local (ranks may run
+  different numbers of them), and the shards are restored after.
+- The log-prob passes (``map_rows``): each rank computes its contiguous N / world rows, and the
+  [rows, T] results are all-gathered, so every rank holds log pi_old (and log pi_ref) of the batch.
+- The update: the mini-batches are slices of one permutation of the whole batch, drawn by rank 0
+  and sent to all (``from_main``); each rank trains its contiguous M / world rows of each
+  (``micro_batches``)
+  and weights each micro-batch loss by its share of the GLOBAL mini-batch (tokens for token-mean,
+  sequences otherwise). FSDP reduce-scatters the gradients with a plain SUM (gradient divide
+  factor 1), so the summed gradient is the single-process gradient of the mini-batch. Gradient-norm
+  clipping uses the global norm. The mini-batch's loss statistics are summed over the ranks
+  (``sum_over_ranks``) before the kappa early stop reads them.
+- Rank 0 writes the run folder; rank 0 alone runs the task's evaluation (``Workers.evaluate``) and
+  the others wait for its result; peak memory is the largest rank's (``max_over_ranks``).
 - A rank that dies: torchrun's agent stops the others at once and the survivors' gloo/NCCL
   connections fail; a rank that hangs: every collective times out after --dist-timeout seconds.
 
-With one process (no torchrun, or WORLD_SIZE=1) every function here is the identity, and a run is
-bit for bit what it was without this module.
+With one process (no torchrun, or WORLD_SIZE=1) every call here is the plain single-process call
+(``Workers.generate`` is ``engine.generate``, ``map_rows(fn, b, m)`` is ``fn(b)``, ...), and a run
+is bit for bit what it is without this module.
 """
 
 from __future__ import annotations
 
-import bisect
 import copy
 import dataclasses
 import json
@@ -41,10 +49,14 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from rpg_ref.interfaces import Batch, Generation
+from rpg_ref.models import logprobs as model_logprobs
 
 
 def world() -> int:
@@ -69,6 +81,25 @@ def active() -> bool:
 # =============================================================================================
 # joining: checks before anything is built, the process group, devices, seeds
 # =============================================================================================
+
+
+class Rank(NamedTuple):
+    """This process in the job (one process: rank 0 of 1)."""
+
+    device: torch.device  # cuda:LOCAL_RANK under torchrun on CUDA
+    index: int
+    world: int
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: it writes the run folder and runs the evaluation."""
+        return self.index == 0
+
+    @property
+    def seed_offset(self) -> int:
+        """Added to the sampling seed: rank 0 keeps the single-process stream, the others their
+        own."""
+        return 1_000_003 * self.index
 
 
 def check_config(cfg, n_ranks: int | None = None) -> None:
@@ -116,29 +147,19 @@ def checkpoint_world_size(out: Path) -> int | None:
     return state.get("world_size", 1)
 
 
-def init(cfg, device: torch.device) -> torch.device:
-    """Join torchrun's process group (gloo on CPU, NCCL on CUDA); returns this rank's device.
-    One process: nothing happens and ``device`` is returned as it is."""
+def init(cfg, device: torch.device) -> Rank:
+    """Join torchrun's process group (gloo on CPU, NCCL on CUDA); returns this process's Rank.
+    One process: nothing happens, and the Rank is (device, 0, 1)."""
     check_config(cfg)
     if world() == 1:
-        return device
+        return Rank(device, 0, 1)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():  # on CUDA the small CPU tensors of our reductions go through gloo
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(seconds=cfg.dist_timeout))
-    return device
-
-
-def seed_offset() -> int:
-    """Added to the sampling seed: rank 0 keeps the single-process stream, the others their own."""
-    return 1_000_003 * rank()
-
-
-def barrier() -> None:
-    if active():
-        dist.barrier()
+    return Rank(device, rank(), world())
 
 
 # =============================================================================================
@@ -146,12 +167,21 @@ def barrier() -> None:
 # =============================================================================================
 
 
-def shard(model: nn.Module | None) -> nn.Module | None:
-    """FSDP2 over ``model``: each decoder layer its own unit, then the root (the rest: embeddings,
-    final norm, head, or a bandit's logits). Rank 0's weights are broadcast first, so every rank
-    shards the same model. Gradients are reduce-scattered as a SUM (see the module docstring)."""
-    if model is None or not active():
-        return model
+def shard(policy: nn.Module, ref: nn.Module | None = None) -> tuple[nn.Module, nn.Module | None]:
+    """FSDP2 over ``policy`` and ``ref`` (None: nothing), returned once every rank has sharded
+    them, so every rank has built and checked its inputs before rank 0 writes anything. One
+    process: both as they are."""
+    if not active():
+        return policy, ref
+    policy, ref = _shard(policy), None if ref is None else _shard(ref)
+    dist.barrier()
+    return policy, ref
+
+
+def _shard(model: nn.Module) -> nn.Module:
+    """Each decoder layer its own unit, then the root (the rest: embeddings, final norm, head, or
+    a bandit's logits). Rank 0's weights are broadcast first, so every rank shards the same model.
+    Gradients are reduce-scattered as a SUM (see the module docstring)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     model.register_forward_hook(_visible_to_fsdp)  # runs before FSDP's own post-forward hook
@@ -180,9 +210,7 @@ def _hidden_through_root(model: nn.Module) -> None:
     embeddings, final norm and head stay sharded, their gradients are never reduced). Sharded, the
     hidden states come from the root's own forward (output_hidden_states: the last entry is the
     final norm's output, last_hidden_state) and the head runs on the root's unsharded weights."""
-    from rpg_ref.models.logprobs import LMParts, lm_parts
-
-    parts = lm_parts(model)
+    parts = model_logprobs.lm_parts(model)
     if parts is None:
         return
 
@@ -190,7 +218,7 @@ def _hidden_through_root(model: nn.Module) -> None:
         out = model(**inputs, logits_to_keep=1, output_hidden_states=True, use_cache=False)
         return out.hidden_states[-1]  # [B, L, H]
 
-    model.lm_parts = lambda: LMParts(hidden, parts.head, parts.vocab_size)
+    model.lm_parts = lambda: model_logprobs.LMParts(hidden, parts.head, parts.vocab_size)
 
 
 def _visible_to_fsdp(module, args, out):
@@ -248,117 +276,152 @@ def gathered(model: nn.Module | None):
 
 
 # =============================================================================================
-# rollout: this rank's share of the responses
+# the rollout: each rank samples and scores its share, every rank gets the whole batch
 # =============================================================================================
 
 
 def share(n: int) -> tuple[int, int]:
     """This rank's contiguous share [lo, hi) of n items (sizes differ by at most one)."""
-    W, r = world(), rank()
-    return r * n // W, (r + 1) * n // W
+    W, i = world(), rank()
+    return i * n // W, (i + 1) * n // W
 
 
-def generate_share(engine, prompts: list, G: int, cfg) -> tuple[int, int, list, list | None]:
-    """Sample this rank's share of the len(prompts) x G responses (groups consecutive): returns
-    (lo, hi, responses, sampler log-probs or None). Consecutive prompts with as many responses in
-    the share are one engine call (one process: a single call, the whole batch)."""
-    lo, hi = share(len(prompts) * G)
-    calls = []  # ([prompt indices], responses per prompt)
-    for i in range(lo // G, -(-hi // G)):
-        n = min(hi, (i + 1) * G) - max(lo, i * G)
-        if calls and calls[-1][1] == n:
-            calls[-1][0].append(i)
-        else:
-            calls.append(([i], n))
-    responses, logprobs = [], []
-    for idx, n in calls:
-        g = engine.generate(
-            [prompts[i].ids for i in idx], n, cfg.temperature, cfg.top_p, cfg.max_new_tokens
-        )
-        responses += g.responses
-        logprobs = None if logprobs is None or g.logprobs is None else logprobs + g.logprobs
-    return lo, hi, responses, logprobs
-
-
-def gather_scores(r: Tensor, correct: Tensor, n_tok: int, has_logprobs: bool) -> tuple:
-    """This rank's rewards and correctness [hi - lo] -> the whole round's (concatenated in rank
-    order), the round's generated tokens, and whether every rank's engine reported log-probs.
-    One process: returned as they are."""
-    if not active():
-        return r, correct, n_tok, has_logprobs
+def _all_gather(obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every rank (any picklable object)."""
     parts = [None] * world()
-    dist.all_gather_object(parts, (r.tolist(), correct.tolist(), n_tok, has_logprobs))
-    R = torch.tensor([x for p in parts for x in p[0]], dtype=r.dtype, device=r.device)
-    C = torch.tensor([x for p in parts for x in p[1]], dtype=correct.dtype, device=correct.device)
-    return R, C, sum(p[2] for p in parts), all(p[3] for p in parts)
+    dist.all_gather_object(parts, obj)
+    return parts
 
 
-def take_share(responses: list, logprobs: list | None) -> tuple[list, list | None]:
-    """The step's N selected responses in batch order (None where another rank sampled one) and
-    their sampler log-probs -> this rank's share [lo:hi] of both, every response it lacks sent by
-    the rank that sampled it (only those rows travel)."""
-    N = len(responses)
-    lo, hi = share(N)
-    if not active():
-        return responses[lo:hi], None if logprobs is None else logprobs[lo:hi]
-    starts = [r * N // world() for r in range(world())]
-    outgoing = {i: (responses[i], None if logprobs is None else logprobs[i]) for i in range(N)
-                if responses[i] is not None and bisect.bisect_right(starts, i) - 1 != rank()}
-    parts = [None] * world()
-    dist.all_gather_object(parts, outgoing)
-    received = {i: v for p in parts for i, v in p.items()}
-    mine = [(responses[i], None if logprobs is None else logprobs[i]) if responses[i] is not None
-            else received[i] for i in range(lo, hi)]
-    return [x[0] for x in mine], None if logprobs is None else [x[1] for x in mine]
+class Workers:
+    """The task and the engine as the loop calls them, over every rank. ``generate`` and
+    ``reward`` return the results for all the responses on every rank, each rank having computed
+    its contiguous share; the engine's forwards run on the policy's full weights. One process:
+    each method is the task's or the engine's own call."""
+
+    def __init__(self, task, engine, policy: nn.Module | None):
+        self.task, self.engine, self.policy = task, engine, policy
+
+    def generate(self, prompts: list, n: int, temperature: float, top_p: float,
+                 max_new_tokens: int) -> Generation:
+        """n responses to each of the prompts (token id lists), groups consecutive, and the
+        sampler's log-probs (None unless every rank's engine reported them). Consecutive prompts
+        with as many responses in this rank's share are one engine call."""
+        if not active():
+            return self.engine.generate(prompts, n, temperature, top_p, max_new_tokens)
+        lo, hi = share(len(prompts) * n)
+        calls = []  # ([prompt indices], responses per prompt)
+        for i in range(lo // n, -(-hi // n)):
+            k = min(hi, (i + 1) * n) - max(lo, i * n)
+            if calls and calls[-1][1] == k:
+                calls[-1][0].append(i)
+            else:
+                calls.append(([i], k))
+        responses, logprobs = [], []
+        with gathered(self.policy):
+            for idx, k in calls:
+                part = self.engine.generate([prompts[i] for i in idx], k, temperature, top_p,
+                                            max_new_tokens)
+                responses += part.responses
+                logprobs = (None if logprobs is None or part.logprobs is None
+                            else logprobs + part.logprobs)
+        parts = _all_gather(Generation(responses, logprobs))
+        lps = None if any(p.logprobs is None for p in parts) else [x for p in parts
+                                                                   for x in p.logprobs]
+        return Generation([x for p in parts for x in p.responses], lps)
+
+    def reward(self, prompts: list, responses: list) -> tuple[Tensor, Tensor]:
+        """The task's (rewards [N], correct [N] bool) of the responses (``prompts``: the prompt of
+        each response)."""
+        if not active():
+            return self.task.reward(prompts, responses)
+        lo, hi = share(len(responses))
+        r, correct = (self.task.reward(prompts[lo:hi], responses[lo:hi]) if hi > lo
+                      else (torch.zeros(0), torch.zeros(0, dtype=torch.bool)))
+        parts = _all_gather((r.cpu(), correct.cpu()))  # the dtypes travel with the values
+        return (torch.cat([p[0] for p in parts]).to(r.device),
+                torch.cat([p[1] for p in parts]).to(correct.device))
+
+    def sync_weights(self) -> None:
+        """The engine takes the policy's weights (after an update, or a checkpoint's load)."""
+        with gathered(self.policy):
+            self.engine.sync_weights(self.policy)
+
+    def evaluate(self) -> dict:
+        """The task's evaluation of the policy, run by rank 0 on the full weights; every rank gets
+        its result (the others wait)."""
+        with gathered(self.policy):
+            if not active():
+                return self.task.evaluate(self.policy, self.engine)
+            box = [self.task.evaluate(self.policy, self.engine) if is_main() else None]
+            dist.broadcast_object_list(box, 0)
+            return box[0]
+
+    def wake(self) -> None:
+        self.engine.wake()
+
+    def sleep(self) -> None:
+        self.engine.sleep()
 
 
 # =============================================================================================
-# advantages, update and metrics on global quantities
+# the batch's rows: log-prob passes, mini-batches, the reductions of the update's statistics
 # =============================================================================================
+
+
+def map_rows(fn, batch: Batch, model: nn.Module) -> tuple:
+    """``fn(rows)`` -> a tuple of [rows, T] tensors (or None), computed by each rank on its
+    contiguous share of ``batch`` with ``model``'s full weights, and gathered: [N, T] each, on
+    every rank. One process: ``fn(batch)``."""
+    if not active():
+        return fn(batch)
+    lo, hi = share(len(batch))  # the same number of rows on every rank (checked by check_config)
+    with gathered(model):
+        out = fn(batch.index(slice(lo, hi)))
+    return tuple(None if t is None else _gather_rows(t) for t in out)
 
 
 def _gather_rows(x: Tensor) -> Tensor:
-    """[n, ...] on every rank (same n) -> [world * n, ...] in rank order; [n, T] with different T
-    are right-padded with zeros to the longest first."""
-    if x.dim() == 2:
-        T = torch.tensor([x.shape[1]])
-        dist.all_reduce(T, op=dist.ReduceOp.MAX)
-        x = torch.nn.functional.pad(x, (0, int(T) - x.shape[1]))
+    """[n, ...] on every rank (same shape) -> [world * n, ...] in rank order."""
     parts = [torch.empty_like(x) for _ in range(world())]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts)
 
 
-def advantages(compute, name: str, rewards: Tensor, G: int, mask: Tensor, old_logp: Tensor,
-               ref_logp: Tensor, beta: float) -> Tensor:
-    """``compute(name, rewards, G, mask=, old_logp=, ref_logp=, beta=)`` on the whole batch
-    (all-gathered: groups may span ranks, REINFORCE++ whitens over every token), then this rank's
-    rows (and response columns). One process: ``compute`` on the batch as it is."""
-    if not active():
-        return compute(name, rewards, G, mask=mask, old_logp=old_logp, ref_logp=ref_logp, beta=beta)
-    token_level = name.startswith("reinforce++")
-    R = _gather_rows(rewards)
-    kw = dict(mask=mask, old_logp=old_logp, ref_logp=ref_logp)
-    if token_level:  # [N, T] inputs of the whole batch
-        kw = {k: _gather_rows(v) for k, v in kw.items()}
-    A = compute(name, R, G, beta=beta, **kw)
-    lo, n = rank() * len(rewards), len(rewards)
-    return A[lo : lo + n, : mask.shape[1]] if token_level else A[lo : lo + n]
+def from_main(x: Tensor) -> Tensor:
+    """Rank 0's ``x`` on every rank (same shape and dtype everywhere). One process: ``x``."""
+    if active():
+        dist.broadcast(x, 0)
+    return x
 
 
-def even_micro_batches(parts: list) -> list:
-    """Micro-batches (index, batch) -> (batch, live). Every rank must run as many forward/backward
-    passes as the others (FSDP's collectives are per pass): a rank with fewer (token budgets cut
-    differently) repeats its first with weight 0 (live False)."""
-    out = [(ub, True) for _, ub in parts]
+class MicroBatch(NamedTuple):
+    """A micro-batch of this rank's rows of a mini-batch."""
+
+    rows: Batch
+    live: bool  # False: a repeat that only keeps the ranks' passes in step (its loss weight is 0)
+
+
+def micro_batches(mb: Batch, max_seqs: int, max_tokens: int) -> list[MicroBatch]:
+    """This rank's contiguous M / world rows of the global mini-batch ``mb`` (M rows), cut by
+    rpg_ref.models.logprobs.micro_batches (at most ``max_seqs`` rows, 0: all of them, and
+    ``max_tokens`` tokens each). Every rank runs as many forward/backward passes as the others
+    (FSDP's collectives are per pass): a rank with fewer (token budgets cut differently) repeats
+    its first with live False. One process: the micro-batches of ``mb``."""
+    rows = mb
+    if active():
+        lo, hi = share(len(mb))
+        rows = mb.index(slice(lo, hi))
+    cut = model_logprobs.micro_batches(rows, max_seqs, max_tokens)
+    out = [MicroBatch(ub, True) for _, ub in cut]
     if active():
         n = torch.tensor([len(out)])
         dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        out += [(out[0][0], False)] * (int(n) - len(out))
+        out += [MicroBatch(out[0].rows, False)] * (int(n) - len(out))
     return out
 
 
-def reduce_sum(values: dict) -> dict:
+def sum_over_ranks(values: dict) -> dict:
     """{key: float} summed over the ranks (float64). One process: unchanged."""
     if not active():
         return values
@@ -367,34 +430,13 @@ def reduce_sum(values: dict) -> dict:
     return dict(zip(values, t.tolist()))
 
 
-def reduce_max(values: dict) -> dict:
+def max_over_ranks(x: float) -> float:
+    """The largest rank's x. One process: x."""
     if not active():
-        return values
-    t = torch.tensor(list(values.values()), dtype=torch.float64)
+        return x
+    t = torch.tensor([x], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(values, t.tolist()))
-
-
-def ratio(num: Tensor, den: Tensor) -> float:
-    """float(num / den) over the whole batch: num and den summed over the ranks."""
-    if not active():
-        return float(num / den)
-    s = reduce_sum({"num": float(num), "den": float(den)})
-    return s["num"] / s["den"]
-
-
-def mean(x: Tensor) -> float:
-    """The mean of x over every rank's elements."""
-    return ratio(x.sum(), torch.tensor(float(x.numel()))) if active() else float(x.mean())
-
-
-def on_main(fn):
-    """fn() on rank 0, its result sent to every rank (the others wait). One process: fn()."""
-    if not active():
-        return fn()
-    box = [fn() if is_main() else None]
-    dist.broadcast_object_list(box, 0)
-    return box[0]
+    return float(t)
 
 
 # =============================================================================================

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from rpg_ref.core.losses import LOG_RATIO_CLAMP
-from rpg_ref.trainer import distributed as D
 
 MODES = ("none", "tis", "mis")
 LEVELS = ("token", "sequence")
@@ -54,15 +53,9 @@ def importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, 
     r > C: truncated by tis, zeroed by mis), rc_log_ratio_max (max |log r|), rc_ess (effective
     sample size fraction (sum w)^2 / (n sum w^2), 1 when all weights are equal).
     """
-    w, sums, log_r_max = _weights(old_logp, sampler_logp, mask, mode, level, cap)
-    return w, ({} if w is None else summarize(sums, log_r_max))
-
-
-def _weights(old_logp, sampler_logp, mask, mode, level, cap):
-    """(weights, sums over the units {n, w, w2, capped}, max |log r|); (None, {}, 0) for "none"."""
     check_options(mode, level, cap)
     if mode == "none":
-        return None, {}, 0.0
+        return None, {}
     with torch.no_grad():
         dt = torch.promote_types(old_logp.dtype, torch.float32)
         m = mask.to(dt)
@@ -79,28 +72,21 @@ def _weights(old_logp, sampler_logp, mask, mode, level, cap):
         w = r.clamp(max=cap) if mode == "tis" else torch.where(over, 0.0, r)
         w = w * m                                                           # 0 at padding
         w64 = w.double()                                                    # sums in float64
-        sums = {"n": float(m.sum()), "w": float(w64.sum()), "w2": float((w64 * w64).sum()),
-                "capped": float(over.sum())}
-    return w, sums, float(log_r.abs().max())
-
-
-def summarize(sums: dict, log_r_max: float) -> dict:
-    """The logged statistics from the sums over the units (of one process, or of all ranks)."""
-    n, sw, sw2 = sums["n"], sums["w"], sums["w2"]
-    return {"rc_weight_mean": sw / n, "rc_capped_frac": sums["capped"] / n,
-            "rc_log_ratio_max": log_r_max, "rc_ess": sw * sw / (n * sw2) if sw2 > 0 else 0.0}
+        n, sw, sw2 = float(m.sum()), float(w64.sum()), float((w64 * w64).sum())
+    return w, {"rc_weight_mean": sw / n, "rc_capped_frac": float(over.sum()) / n,
+               "rc_log_ratio_max": float(log_r.abs().max()),
+               "rc_ess": sw * sw / (n * sw2) if sw2 > 0 else 0.0}
 
 
 def weights_for_batch(batch, cfg) -> dict:
     """Set ``batch.rollout_weight`` from cfg.rollout_correction* (None for "none"); return the
-    statistics to log, over every rank's rows under torchrun. The engine must have reported its
-    log-probs (checked at configuration)."""
+    statistics to log. The engine must have reported its log-probs (checked at configuration)."""
     if cfg.rollout_correction == "none":
         return {}
     if batch.sampler_logp is None:
         raise RuntimeError(f"--rollout-correction {cfg.rollout_correction}: engine {cfg.engine!r} "
                            f"returned no sampler log-probs for this batch")
-    batch.rollout_weight, sums, log_r_max = _weights(
-        batch.old_logp, batch.sampler_logp, batch.mask, cfg.rollout_correction,
-        cfg.rollout_correction_level, cfg.rollout_correction_cap)
-    return summarize(D.reduce_sum(sums), D.reduce_max({"m": log_r_max})["m"])
+    batch.rollout_weight, stats = importance_weights(
+        batch.old_logp, batch.sampler_logp, batch.mask, mode=cfg.rollout_correction,
+        level=cfg.rollout_correction_level, cap=cfg.rollout_correction_cap)
+    return stats

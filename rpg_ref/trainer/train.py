@@ -22,6 +22,11 @@ With ``--ref iterative`` (the default) pi_ref = pi_old: the loss gets ``ref_logp
 model lives in memory. ``--ref init`` keeps a frozen copy of the initial policy as pi_ref (GRPO's
 setting): a second model. Losses and advantages are imported, never re-implemented here.
 
+The loop is single-process code over the step's whole batch. Under torchrun the ranks split the
+work inside the calls to rpg_ref/trainer/distributed.py (``Workers``: sampling and scoring;
+``map_rows``: log-probs; ``from_main``, ``micro_batches``, ``sum_over_ranks``: the update); with one
+process each of them is the plain call.
+
 Everything else lives next door: the flags and presets in rpg_ref/trainer/config.py and
 rpg_ref/cli.py, what a task or an engine must provide in rpg_ref/interfaces.py, the tasks in
 rpg_ref/tasks/, the samplers in rpg_ref/engines/, checkpoints in rpg_ref/trainer/checkpoint.py, the
@@ -41,16 +46,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from rpg_ref.core.advantages import compute_advantages
 from rpg_ref.core.kl import k3
 from rpg_ref.core.losses import LOSSES, LossOptions
-from rpg_ref.interfaces import Batch, collate
+from rpg_ref.interfaces import Batch, Prompt, collate
 from rpg_ref.models.logprobs import micro_batches, token_logprobs
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import dumps, loads
-from rpg_ref.trainer import distributed as D
+from rpg_ref.trainer import distributed
 from rpg_ref.trainer.checkpoint import (
     atomic_write,
     checkpoint_state,
@@ -69,46 +74,51 @@ from rpg_ref.trainer.shaping import overlong_penalty
 # =============================================================================================
 
 
-def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Batch, dict]:
+class Group(NamedTuple):
+    """One prompt and its G scored responses."""
+
+    prompt: Prompt
+    responses: list  # G token id lists
+    sampler_logp: list | None  # G lists of the engine's own log-probs, when it reports them
+    rewards: Tensor  # [G] incl. the overlong penalty
+    correct: Tensor  # [G] bool
+
+
+def rollout(task, workers, cfg: Config, gen: torch.Generator, device) -> tuple[Batch, dict]:
     """Sample prompts_per_step groups with pi_old and score them. With --dynamic-sampling, groups
     whose rewards are all equal carry no signal (A = 0): drop them and sample more prompts, up to
-    --dynamic-sampling-rounds generation rounds (then complete the batch with dropped groups)."""
+    --dynamic-sampling-rounds generation rounds (then complete the batch with dropped groups).
+    ``workers`` samples with the engine and scores with the task (under torchrun each rank its
+    share, and every rank gets all the responses, log-probs and rewards)."""
     G, rounds_cap = cfg.group_size, cfg.dynamic_sampling_rounds if cfg.dynamic_sampling else 1
     kept, dropped, rounds, t_gen, t_score, n_tok = [], [], 0, 0.0, 0.0, 0
     while len(kept) < cfg.prompts_per_step and rounds < rounds_cap:
-        # the same on every rank
-        prompts = task.sample_prompts(cfg.prompts_per_step - len(kept), gen)
+        prompts = task.sample_prompts(cfg.prompts_per_step - len(kept), gen)  # n prompts
         t0 = time.perf_counter()
-        lo, hi, resp, lps = D.generate_share(engine, prompts, G, cfg)  # this rank's [lo, hi) of n*G
+        sampled = workers.generate([p.ids for p in prompts], G, cfg.temperature, cfg.top_p,
+                                   cfg.max_new_tokens)  # n x G responses, groups consecutive
         t1 = time.perf_counter()
-        r, correct = (
-            task.reward([prompts[k // G] for k in range(lo, hi)], resp)
-            if resp
-            else (torch.zeros(0, device=device), torch.zeros(0, dtype=torch.bool, device=device))
-        )
-        lengths = torch.tensor([len(x) for x in resp], device=r.device)
-        r = r + overlong_penalty(
-            lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
-        )
-        # [n*G]
-        r, correct, tok, has_lp = D.gather_scores(r, correct, int(lengths.sum()), lps is not None)
+        r, correct = workers.reward([p for p in prompts for _ in range(G)],
+                                    sampled.responses)  # [n*G] each
+        lengths = torch.tensor([len(x) for x in sampled.responses], device=r.device)
+        r = r + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_buffer,
+                                 cfg.overlong_penalty)
         t_gen, t_score = t_gen + t1 - t0, t_score + time.perf_counter() - t1
-        rounds, n_tok = rounds + 1, n_tok + tok
-        pad = ([None] * lo, [None] * (len(prompts) * G - hi))  # responses that other ranks sampled
-        resp, lps = pad[0] + resp + pad[1], pad[0] + lps + pad[1] if has_lp else None
+        rounds, n_tok = rounds + 1, n_tok + int(lengths.sum())
         for i, p in enumerate(prompts):
             sl = slice(i * G, (i + 1) * G)
-            group = (p, resp[sl], None if lps is None else lps[sl], r[sl], correct[sl])
-            informative = bool((r[sl] != r[sl][0]).any())
+            lps = None if sampled.logprobs is None else sampled.logprobs[sl]
+            group = Group(p, sampled.responses[sl], lps, r[sl], correct[sl])
+            informative = bool((group.rewards != group.rewards[0]).any())
             (kept if informative or not cfg.dynamic_sampling else dropped).append(group)
     groups = (kept + dropped[::-1])[: cfg.prompts_per_step]
-    slp = None if any(x[2] is None for x in groups) else [lp for x in groups for lp in x[2]]
-    lo, hi = D.share(len(groups) * G)  # this rank trains rows [lo, hi) of the batch
-    resp, slp = D.take_share([y for x in groups for y in x[1]], slp)
-    ids = [x[0].ids for x in groups for _ in range(G)][lo:hi]
-    batch = Batch(**collate(ids, resp, task.pad_id, device, slp),
-                  rewards=torch.cat([x[3] for x in groups])[lo:hi].float().to(device),
-                  correct=torch.cat([x[4] for x in groups])[lo:hi].to(device))
+    slp = (None if any(grp.sampler_logp is None for grp in groups)
+           else [lp for grp in groups for lp in grp.sampler_logp])
+    ids = [grp.prompt.ids for grp in groups for _ in range(G)]
+    responses = [y for grp in groups for y in grp.responses]
+    batch = Batch(**collate(ids, responses, task.pad_id, device, slp),
+                  rewards=torch.cat([grp.rewards for grp in groups]).float().to(device),
+                  correct=torch.cat([grp.correct for grp in groups]).to(device))
     info = {"time_rollout": t_gen, "time_scoring": t_score, "gen_tokens": n_tok}
     if cfg.dynamic_sampling:
         info.update(dyn_rounds=rounds, dyn_kept=min(len(kept), cfg.prompts_per_step),
@@ -122,21 +132,27 @@ def rollout(task, engine, cfg: Config, gen: torch.Generator, device) -> tuple[Ba
 
 
 @torch.no_grad()
-def batch_logprobs(model: nn.Module, b: Batch, cfg: Config, entropy: bool) -> tuple:
-    """Behaviour (or reference) log-probs [N, T] of the whole batch (and the entropy), micro-batch
-    by micro-batch (rpg_ref.models.logprobs: padding cut, LM head in chunks); 0 at padding."""
-    logp = ent = None
-    max_seqs = cfg.micro_batch_size or cfg.mini_batch_size
-    for idx, ub in micro_batches(b, max_seqs, cfg.micro_batch_tokens):
-        out = token_logprobs(model, ub, cfg.temperature, entropy, cfg.logprob_chunk)
-        lp, e = out if entropy else (out, None)
-        if logp is None:
-            logp = lp.new_zeros(b.mask.shape)
-            ent = lp.new_zeros(b.mask.shape) if entropy else None
-        logp[idx, : lp.shape[1]] = lp
-        if entropy:
-            ent[idx, : e.shape[1]] = e
-    return logp, ent
+def batch_logprobs(model: nn.Module, b: Batch, cfg: Config,
+                   entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Behaviour (or reference) log-probs [N, T] of the whole batch (and the entropy [N, T]),
+    micro-batch by micro-batch (rpg_ref.models.logprobs: padding cut, LM head in chunks); 0 at
+    padding. Under torchrun each rank computes its share of the rows, and every rank gets all."""
+
+    def rows_logprobs(rows: Batch) -> tuple[Tensor, Tensor | None]:
+        logp = ent = None
+        max_seqs = cfg.micro_batch_size or cfg.mini_batch_size
+        for idx, ub in micro_batches(rows, max_seqs, cfg.micro_batch_tokens):
+            res = token_logprobs(model, ub, cfg.temperature, entropy, cfg.logprob_chunk)
+            lp, e = res if entropy else (res, None)  # [mu, T'] each
+            if logp is None:
+                logp = lp.new_zeros(rows.mask.shape)
+                ent = lp.new_zeros(rows.mask.shape) if entropy else None
+            logp[idx, : lp.shape[1]] = lp
+            if entropy:
+                ent[idx, : e.shape[1]] = e
+        return logp, ent
+
+    return distributed.map_rows(rows_logprobs, b, model)
 
 
 # =============================================================================================
@@ -151,57 +167,59 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
     """The inner loop: K optimizer steps on mini-batches of M responses, reshuffled every pass,
     each accumulated over micro-batches (at most --micro-batch-size responses and
     --micro-batch-tokens tokens: rpg_ref.models.logprobs.micro_batches). Stops before a step when
-    the running mean of stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa."""
-    loss_fn, N, M = LOSSES[cfg.algo], len(b), cfg.mini_batch_size  # N: this rank's rows
-    m = M // D.world()  # this rank's rows of each mini-batch of M
-    mu, per_pass = cfg.micro_batch_size or m, N // m
+    the running mean of stats["kl_old"] over the last pass's worth of mini-batches exceeds kappa.
+    Under torchrun each rank runs its share of every mini-batch (rpg_ref.trainer.distributed)."""
+    loss_fn, N, M = LOSSES[cfg.algo], len(b), cfg.mini_batch_size
+    per_pass = N // M
     K = cfg.updates_per_step or per_pass
     params = [p for p in policy.parameters() if p.requires_grad]
     window = deque(maxlen=per_pass)
     acc = {k: [] for k in (*STAT_KEYS, "loss", "grad_norm")}
     n_upd, early, train_tokens = 0, False, 0
     while n_upd < K and not early:
-        perm = torch.randperm(N).to(b.mask.device)
+        # [N] one order for every rank (rank 0's draw): the ranks share each mini-batch
+        perm = distributed.from_main(torch.randperm(N)).to(b.mask.device)
         for j in range(min(per_pass, K - n_upd)):
-            mb = b.index(perm[j * m : (j + 1) * m])
+            mb = b.index(perm[j * M : (j + 1) * M])  # [M] rows
             opt.zero_grad(set_to_none=True)
-            mb_tokens = D.reduce_sum({"t": float(mb.mask.sum())})["t"]  # the global mini-batch's
-            mstats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
-            # padding cut per micro-batch; every rank runs as many (FSDP's collectives are per pass)
-            for ub, live in D.even_micro_batches(micro_batches(mb, mu, cfg.micro_batch_tokens)):
+            mb_tokens = float(mb.mask.sum())
+            mb_stats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
+            # padding cut per micro-batch; torchrun: this rank's share of mb (and as many
+            # micro-batches on every rank: FSDP's collectives are per pass)
+            for ub, live in distributed.micro_batches(mb, cfg.micro_batch_size,
+                                                      cfg.micro_batch_tokens):
                 # [mu, T']
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)
                 loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
                                       sample_weight=ub.rollout_weight, options=loss_opts)
                 # the mini-batch loss = micro-batch losses weighted by their share of it
-                # (tokens for token-mean, sequences for the seq-mean aggregations), over all ranks
-                w = float(ub.mask.sum()) / mb_tokens if cfg.agg == "token-mean" else len(ub) / M
-                w = w if live else 0.0
-                (loss * w).backward()
-                mstats["loss"] += float(loss.detach()) * w
+                # (tokens for token-mean, sequences for the seq-mean aggregations)
+                frac = float(ub.mask.sum()) / mb_tokens if cfg.agg == "token-mean" else len(ub) / M
+                frac = frac if live else 0.0
+                (loss * frac).backward()
+                mb_stats["loss"] += float(loss.detach()) * frac
                 for k in STAT_KEYS:
-                    mstats[k] += float(stats[k]) * w
-            mstats = D.reduce_sum(mstats)  # the global mini-batch's statistics
-            window.append(mstats["kl_old"])
+                    mb_stats[k] += float(stats[k]) * frac
+            mb_stats = distributed.sum_over_ranks(mb_stats)  # torchrun: the ranks' shares add up
+            window.append(mb_stats["kl_old"])
             if sum(window) / len(window) > cfg.kappa:  # trust region left: this step is not applied
                 early = True
                 opt.zero_grad(set_to_none=True)
                 break
-            gn = torch.nn.utils.clip_grad_norm_(
-                params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            )
+            gn = torch.nn.utils.clip_grad_norm_(params,
+                                                cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             opt.step()
             n_upd += 1
             train_tokens += int(mb.mask.sum())
-            for k, v in mstats.items():
+            for k, v in mb_stats.items():
                 acc[k].append(v)
             acc["grad_norm"].append(float(gn))
     opt.zero_grad(set_to_none=True)  # free the gradients before the next rollout (16 GB at 4B)
-    out = {k: sum(v) / len(v) if v else float("nan") for k, v in acc.items()}
-    out["kl_loss"] = out.pop("kl")
-    out.update(kl_old_last=sum(window) / len(window), updates=n_upd, early_stop=int(early),
-               train_tokens=D.reduce_sum({"t": train_tokens})["t"])
-    return out
+    result = {k: sum(v) / len(v) if v else float("nan") for k, v in acc.items()}
+    result["kl_loss"] = result.pop("kl")
+    result.update(kl_old_last=sum(window) / len(window), updates=n_upd, early_stop=int(early),
+                  train_tokens=train_tokens)
+    return result
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -229,7 +247,7 @@ def seed_everything(seed: int) -> None:
 class Run(NamedTuple):
     """Everything the loop needs; built by ``prepare`` before anything is written."""
 
-    device: torch.device
+    rank: distributed.Rank  # this process: its device; under torchrun its rank and the world size
     task: Any  # rpg_ref.interfaces.Task
     policy: nn.Module  # pi_theta; pi_old lives on as stored log-probs
     ref: nn.Module | None  # pi_ref (--ref init), else None: pi_ref = pi_old
@@ -242,9 +260,9 @@ class Run(NamedTuple):
 def prepare(cfg: Config) -> Run:
     """Build the task (reads its data), the policy (loads its model), pi_ref, the engine and the
     optimizer. A bad input raises ValueError here, before OUT is created."""
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
-                          if cfg.device == "auto" else cfg.device)
-    device = D.init(cfg, device)  # under torchrun: join the process group (cuda: cuda:LOCAL_RANK)
+    rank = distributed.init(cfg, torch.device(  # torchrun: join the group, cuda:LOCAL_RANK
+        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device))
+    device = rank.device
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     engine_cls = resolve(ENGINES, cfg.engine, "engine")
@@ -261,15 +279,15 @@ def prepare(cfg: Config) -> Run:
     policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
     engine = engine_cls(policy, task, cfg)
-    policy, ref = D.shard(policy), D.shard(ref)  # FSDP2 under torchrun: 1/world of each per rank
+    # torchrun: FSDP2, 1/world of each per rank; returns once every rank has checked its inputs
+    policy, ref = distributed.shard(policy, ref)
     # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
     params = list(policy.parameters())
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=tuple(cfg.adam_betas), fused=fused)
-    seed_everything(cfg.seed + 1 + D.seed_offset())  # the same stream, cached artifacts or not
-    D.barrier()  # every rank has checked its inputs before rank 0 writes
-    return Run(device, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
+    seed_everything(cfg.seed + 1 + rank.seed_offset)  # the same stream, cached artifacts or not
+    return Run(rank, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
                loss_options(cfg))
 
 
@@ -284,17 +302,20 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     out = Path(cfg.out)
     if finished(cfg):  # leave every file as it is
         return loads((out / "summary.json").read_text())
-    device, task, policy, ref, engine, opt, gen, loss_opts = run or prepare(cfg)
-    if D.is_main():  # rank 0 writes the run folder
+    run = run or prepare(cfg)
+    rank, task, policy, ref, opt, gen = run.rank, run.task, run.policy, run.ref, run.opt, run.gen
+    device, loss_opts = rank.device, run.loss
+    # the task and the engine over every rank (one process: their own calls)
+    workers = distributed.Workers(task, run.engine, policy)
+    if rank.main:  # rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         if not cfg.resume:
             atomic_write(out / "config.json", dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
     if start:
-        with D.gathered(policy):
-            engine.sync_weights(policy)  # the engine was built before the checkpoint was loaded
-    log = MetricsLog(out, start, cfg.tensorboard) if D.is_main() else None
-    bar = Progress(cfg.steps, start, cfg.progress and D.is_main())
+        workers.sync_weights()  # the engine was built before the checkpoint was loaded
+    log = MetricsLog(out, start, cfg.tensorboard) if rank.main else None
+    bar = Progress(cfg.steps, start, cfg.progress and rank.main)
     model_params = sum(p.numel() for p in policy.parameters())
     row = log.last_row() if log else {}  # {} for a new run
     last_eval = {k: v for k, v in row.items() if k.startswith("eval_")}
@@ -304,26 +325,24 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         t_step = time.perf_counter()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
+        for param_group in opt.param_groups:
+            param_group["lr"] = lr_at(step, cfg)
 
         # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
-        with D.gathered(policy):  # torchrun: full weights for sampling and log-probs, then shards
-            bar.phase("rollout")
-            engine.wake()
-            batch, info = rollout(task, engine, cfg, gen, device)
-            engine.sleep()
+        bar.phase("rollout")
+        workers.wake()
+        batch, info = rollout(task, workers, cfg, gen, device)  # N = prompts x G rows
+        workers.sleep()
 
-            # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
-            bar.phase("log-probs")
-            t0 = time.perf_counter()
-            batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
+        # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
+        bar.phase("log-probs")
+        t0 = time.perf_counter()
+        batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
         if ref is not None:
-            with D.gathered(ref):
-                batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
-        m = batch.mask  # [N, T]
-        batch.adv = D.advantages(  # torchrun: computed on the whole batch, this rank's rows kept
-            compute_advantages, resolved_adv(cfg), batch.rewards, cfg.group_size, mask=m,
+            batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
+        mask = batch.mask  # [N, T]
+        batch.adv = compute_advantages(  # [N], or [N, T] for the token-level estimators
+            resolved_adv(cfg), batch.rewards, cfg.group_size, mask=mask,
             old_logp=batch.old_logp, beta=loss_opts.reward_beta,
             ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
         # --rollout-correction: pi_old / pi_sampler weights
@@ -333,38 +352,35 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
         bar.phase("update")
         t0 = time.perf_counter()
-        stats = update(policy, opt, batch, cfg, loss_opts)
+        upd = update(policy, opt, batch, cfg, loss_opts)
         t_upd = time.perf_counter() - t0
-        with D.gathered(policy):
-            engine.sync_weights(policy)
+        workers.sync_weights()
 
         # --- 7. metrics (keys explained in rpg_ref/trainer/metrics.py) and checkpoint ---
-        n_tok = m.sum()  # every value is over all ranks' rows (D.ratio, D.mean, D.reduce_*)
-        kl_ref = (
-            0.0 if ref is None else D.ratio((k3(batch.ref_logp - batch.old_logp) * m).sum(), n_tok)
-        )
-        row = {"step": step, "reward": D.mean(batch.rewards),
-               "accuracy": D.mean(batch.correct.float()),
-               "entropy": D.ratio((ent * m).sum(), n_tok), "response_len": D.mean(m.sum(1)),
-               **{k: v for k, v in stats.items() if k != "train_tokens"},
-               "kl_ref": kl_ref, "lr": opt.param_groups[0]["lr"]}
+        n_tok = mask.sum()  # the batch's response tokens
+        row = {"step": step, "reward": float(batch.rewards.mean()),
+               "accuracy": float(batch.correct.float().mean()),
+               "entropy": float((ent * mask).sum() / n_tok),
+               "response_len": float(mask.sum(1).mean()),
+               **{k: v for k, v in upd.items() if k != "train_tokens"},
+               "kl_ref": 0.0, "lr": opt.param_groups[0]["lr"]}
+        if ref is not None:  # token-mean k3 estimate of KL(pi_old || pi_ref)
+            row["kl_ref"] = float((k3(batch.ref_logp - batch.old_logp) * mask).sum() / n_tok)
         if batch.sampler_logp is not None:
-            diff = float(((batch.sampler_logp - batch.old_logp).abs() * m).max())
-            row["logprob_diff_max"] = D.reduce_max({"d": diff})["d"]
+            diff = (batch.sampler_logp - batch.old_logp).abs() * mask  # [N, T]
+            row["logprob_diff_max"] = float(diff.max())
         row.update(rc_stats)
         row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
         row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
-                   train_tokens_per_s=stats["train_tokens"] / max(t_upd, 1e-9),
+                   train_tokens_per_s=upd["train_tokens"] / max(t_upd, 1e-9),
                    time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
                    time_logprob=t_lp, time_update=t_upd)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             bar.phase("evaluation")
-            with D.gathered(policy):  # torchrun: rank 0 evaluates, the others wait for its result
-                ev = D.on_main(lambda: task.evaluate(policy, engine))
-            last_eval = {f"eval_{k}": v for k, v in ev.items()}
+            last_eval = {f"eval_{k}": v for k, v in workers.evaluate().items()}  # rank 0's
             row.update(last_eval)
         row["time_step"] = time.perf_counter() - t_step
-        row["peak_mem_mb"] = D.reduce_max({"m": peak_memory_mb(device)})["m"]  # the largest rank's
+        row["peak_mem_mb"] = distributed.max_over_ranks(peak_memory_mb(device))  # largest rank's
         if live_params is None:
             live_params = live_parameter_count()
         ckpt = None
@@ -381,16 +397,15 @@ def train(cfg: Config, run: Run | None = None) -> dict:
 
     if live_params is None:
         live_params = live_parameter_count()
-    # torchrun: rank 0 summarizes and exports a plain copy (others: None)
-    plain = D.plain_copy(policy)
-    task_summary = D.on_main(lambda: task.summary(plain, cfg))
+    # torchrun: every rank takes part; rank 0 gets a plain copy of the policy, the others None
+    plain = distributed.plain_copy(policy)
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
-               "models_in_memory": live_params / model_params, "world_size": D.world(),
-               "wall_time_s_this_process": time.perf_counter() - t_run, **task_summary}
+               "models_in_memory": live_params / model_params, "world_size": rank.world,
+               "wall_time_s_this_process": time.perf_counter() - t_run,
+               **(task.summary(plain, cfg) if rank.main else {})}
     if hasattr(task, "finish"):  # the task's last artifacts; summary.json then marks the run done
         task.finish(plain, out)
-    if D.is_main():
+    if rank.main:
         atomic_write(out / "summary.json", dumps(summary, indent=1))
     return summary
-
