@@ -104,6 +104,12 @@ def latest_step(out: Path) -> int:
     return loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
 
 
+def latest_checkpoint(out: Path) -> Path:
+    """The folder of run folder ``out``'s latest checkpoint (where LATEST points)."""
+    root = out / "checkpoints"
+    return root / (root / "LATEST").read_text().strip()
+
+
 def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
     """Restore the latest checkpoint of run folder ``out``; returns its step (0: none yet)."""
     from safetensors.torch import load_model
