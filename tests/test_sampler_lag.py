@@ -222,25 +222,27 @@ def _initial(argv: list, out) -> dict:
 
 
 @pytest.mark.parametrize("task", ["bandit", "seq"])
-def test_init_seed_sets_the_initial_weights_and_seed_the_sampling(tmp_path, cache_dir, task):
-    """Runs with one --init-seed and different --seed start from the same weights (seq: one
-    warm-start cache file for both) and sample differently (their first rollouts' rewards differ);
-    different --init-seed give different initial weights."""
-    base = (["--preset", "bandit", "--steps", "1", "--lr-decay", "constant"] if task == "bandit"
-            else small_seq_argv(steps=1, cache_dir=cache_dir, seq_warm_steps=20))
-    w_a = _initial([*base, "--seed", "1", "--init-seed", "7"], tmp_path / "a")
-    w_b = _initial([*base, "--seed", "2", "--init-seed", "7"], tmp_path / "b")
-    w_c = _initial([*base, "--seed", "1", "--init-seed", "8"], tmp_path / "c")
+def test_init_seed_sets_the_initial_weights_and_seed_the_sampling(tmp_path, task):
+    """Runs with one --init-seed and different --seed start from the same weights (seq: warm
+    starts computed independently, each in its own cache) and sample differently (their weights
+    after one update differ); different --init-seed give different initial weights."""
+    def argv(seed: int, init: int, name: str) -> list:
+        if task == "bandit":
+            base = ["--preset", "bandit", "--steps", "1", "--lr-decay", "constant"]
+        else:
+            base = small_seq_argv(steps=1, cache_dir=tmp_path / f"cache-{name}", seq_warm_steps=20)
+        return [*base, "--seed", str(seed), "--init-seed", str(init)]
+
+    w_a = _initial(argv(1, 7, "a"), tmp_path / "a")
+    w_b = _initial(argv(2, 7, "b"), tmp_path / "b")
+    w_c = _initial(argv(1, 8, "c"), tmp_path / "c")
     assert same(w_a, w_b) and not same(w_a, w_c)
-    if task == "seq":
-        assert same(w_a, _initial([*base, "--seed", "5", "--init-seed", "7"], tmp_path / "d"))
     outs = []
     for seed in (1, 2):
         outs.append(tmp_path / f"r{seed}")
-        run([*base, "--seed", str(seed), "--init-seed", "7", "--ref", "init",
-             "--out", str(outs[-1])])
+        run([*argv(seed, 7, "a"), "--ref", "init", "--out", str(outs[-1])])
     ra, rb = (weights(o, 1, "ref.safetensors") for o in outs)
-    assert same(ra, rb)  # the same initial policy ...
+    assert same(ra, rb) and same(ra, w_a)  # the same initial policy ...
     assert not same(weights(outs[0], 1), weights(outs[1], 1))  # ... sampled differently
 
 
