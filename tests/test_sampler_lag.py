@@ -285,3 +285,14 @@ def test_a_lag_and_an_engine_without_log_probs_runs_uncorrected(tmp_path, cache_
                        out=out))
     assert all("logprob_diff_max" not in r and "rc_ess" not in r for r in rows(out))
     assert np.isfinite(rows(out)[-1]["loss"])
+
+
+def test_a_lag_with_the_hf_engines_bf16_copy_keeps_its_sync_protocol(tmp_path, cache_dir):
+    """The hf engine sampling from a bf16 copy (freed by sleep(), rebuilt and checked by
+    sync_weights, refusing to sample from a freed copy) under a lag with an evaluation at every
+    step (two more syncs each): the run completes with the correction's statistics logged."""
+    out = tmp_path / "o"
+    run(small_seq_argv(steps=3, eval_every=1, cache_dir=cache_dir, sampler_lag=1,
+                       hf_gen_dtype="bfloat16", rollout_correction="tis", out=out))
+    assert [r["step"] for r in rows(out)] == [1, 2, 3]
+    assert all("rc_ess" in r and "eval_greedy_accuracy" in r for r in rows(out))
