@@ -6,10 +6,11 @@ costs per step.
 bandit: --preset bandit --ref init, seeds 0-4, for K = 0, 2, 8 with no correction, tis at level
     sequence (cap 2) and uncapped mis: the total variation to the optimum of E[R] - beta URKL at
     the last step, and the largest |log pi_old / pi_sampler| of the first 30 steps
-    (docs/rollout_correction.md, "A stale sampler").
+    (logprob_diff_max; docs/rollout_correction.md, "A stale sampler").
 cost: the default seq run for 40 steps at K = 0, 2, 8, interleaved over --repeats rounds so a
     shared machine's load hits every K alike: the median wall time per run and its ratio to K = 0,
-    and the mean logprob_diff_max (max |log pi_sampler - log pi_old|, the staleness).
+    and the mean logprob_diff_max (max |log pi_sampler - log pi_old|, the staleness); then the
+    time of one lagged sync_weights (the lag's own work per step) against the median step.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ def bandit(out: Path) -> None:
                 continue
             tvs, logr = [], []
             for seed in range(5):
-                o = out / f"bandit-k{lag}-{name.split()[0]}-s{seed}"
+                o = out / f"bandit-k{lag}-{name.split()[0].strip(',')}-s{seed}"
                 s, rows = run(["--preset", "bandit", "--ref", "init", "--seed", str(seed),
                                "--sampler-lag", str(lag), "--out", str(o), *extra])
                 tvs.append(f"{s['tv_distance']:.4f}")
-                logr.append(max(r.get("rc_log_ratio_max", 0.0) for r in rows[:30]))
+                logr.append(max(r["logprob_diff_max"] for r in rows[:30]))
             print(f"| K = {lag}, {name} | {', '.join(tvs)} | {max(logr):.3g} |", flush=True)
 
 
@@ -73,6 +74,22 @@ def cost(out: Path, repeats: int) -> None:
     for lag in lags:
         m = statistics.median(wall[lag])
         print(f"| {lag} | {m:.2f} | {m / base:.3f} | {diff[lag]:.3g} |")
+    # the lag's own work per step, apart from the load's noise: one sync_weights (a CPU snapshot of
+    # the policy, the oldest one loaded into the sampler), against the runs' median step
+    for lag in lags[1:]:
+        cfg = cli.parse_config(["--sampler-lag", str(lag), "--out", str(out / f"sync-k{lag}"),
+                                "--cache-dir", str(out / "cache"), "--no-progress"])
+        prepared = train.prepare(cfg)
+        t = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            prepared.engine.sync_weights(prepared.policy)
+            t.append(time.perf_counter() - t0)
+        rows = [json.loads(x) for r in range(repeats) for x in
+                (out / f"seq-k{lag}-r{r}" / "metrics.jsonl").read_text().splitlines()]
+        step = statistics.median(x["time_step"] for x in rows)
+        print(f"K = {lag}: sync_weights {statistics.median(t) * 1e3:.3f} ms (median of 200), "
+              f"{statistics.median(t) / step:.2%} of the median step ({step * 1e3:.0f} ms)")
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 OUT/checkpoints/step_XXXXXX/ holds model.safetensors, ref.safetensors (--ref init), optimizer.pt,
 rng.pt (python, numpy, torch, CUDA and the prompt generator's states), sampler_lag.pt
-(--sampler-lag: rpg_ref.trainer.sampler_lag) and state.json (the step and the config). A checkpoint is written into a temporary folder and renamed into place; only then is
+(--sampler-lag: rpg_ref.trainer.sampler_lag) and state.json (the step and the config). A
+checkpoint is written into a temporary folder and renamed into place; only then is
 OUT/checkpoints/LATEST replaced (also by a rename), so a crash at any moment leaves either the old
 or the new checkpoint, never a half-written one. The latest ``keep`` checkpoints are kept
 (--keep-checkpoints; 0 keeps all). A run resumed from it is bitwise identical on CPU
