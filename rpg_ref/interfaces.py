@@ -116,6 +116,13 @@ def collate(prompts: list, responses: list, pad_id: int, device, sampler_lp: lis
                 sampler_logp=None if slp is None else slp.to(device))
 
 
+def init_seed(cfg) -> int:
+    """The seed of a run's initialization: the model's random init and a task's warm start
+    (--init-seed; --seed when it is not given). Prompts, sampling and shuffling follow --seed."""
+    seed = getattr(cfg, "init_seed", None)
+    return cfg.seed if seed is None else seed
+
+
 def task_progress(total: int, desc: str, enabled: bool):
     """A tqdm bar for a task's own long phase (e.g. the seq task's warm start), or None (no tqdm,
     or progress disabled: then one line says what is running)."""

@@ -416,3 +416,51 @@ def test_seq_task_learns_with_vllm_as_with_hf(tmp_path):
         <= 0.1
     )
     assert math.isfinite(runs["vllm"][-1]["loss"])
+
+
+def test_sampler_lag_with_vllm_samples_the_weights_k_updates_old(tmp_path, monkeypatch):
+    """`rpg-train --engine vllm --sampler-lag 2` on the seq task: the log-probs vLLM reports at
+    step t equal those of the checkpoint of step t-3 (pi_ref, the initial policy, for t <= 3),
+    recomputed by the trainer, within 1e-4 (float32; the tolerance of
+    test_seq_task_learns_with_vllm_as_with_hf), while those of the policy at the start of step t
+    (pi_old) differ by more than 1e-3 from step 2 on: vLLM held the lagged weights."""
+    from safetensors.torch import load_model
+    from transformers import Qwen3ForCausalLM
+
+    from rpg_ref.models.logprobs import token_logprobs
+    from rpg_ref.tasks.seq import SeqTask
+    from rpg_ref.trainer import train
+
+    batches = []
+    rollout = train.rollout
+
+    def recording(*args, **kwargs):
+        batch, info = rollout(*args, **kwargs)
+        batches.append(batch)
+        return batch, info
+
+    monkeypatch.setattr(train, "rollout", recording)
+    out, steps = tmp_path / "o", 6
+    argv = ["--engine", "vllm", "--sampler-lag", "2", "--ref", "init", "--steps", str(steps),
+            "--save-every", "1", "--keep-checkpoints", "0", "--eval-every", "3",
+            "--prompts-per-step", "8", "--group-size", "4", "--mini-batch-size", "8",
+            "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert len(batches) == steps and "eval_greedy_accuracy" in _rows(out)[2]
+    cfg = cli.parse_config(["--resume", str(out)])
+    model = Qwen3ForCausalLM(SeqTask(cfg, torch.device("cpu")).model_config()).eval()
+
+    def logprobs_of(step: int, b) -> torch.Tensor:  # [N, T] under the weights after `step`
+        name = "ref.safetensors" if step == 0 else "model.safetensors"
+        load_model(model, str(out / "checkpoints" / f"step_{max(step, 1):06d}" / name))
+        with torch.no_grad():
+            return token_logprobs(model, b, 1.0)
+
+    for t, b in enumerate(batches, start=1):
+        m = b.mask.bool()
+        lagged = (logprobs_of(max(0, t - 3), b) - b.sampler_logp)[m].abs().max().item()
+        current = (logprobs_of(t - 1, b) - b.sampler_logp)[m].abs().max().item()
+        print(f"step {t}: max |log-prob diff| vs step {max(0, t - 3)} {lagged:.2e}, "
+              f"vs step {t - 1} {current:.2e}", file=sys.stderr)
+        assert lagged <= 1e-4, (t, lagged)
+        assert t == 1 or current > 1e-3, (t, current)

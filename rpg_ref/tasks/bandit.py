@@ -92,7 +92,7 @@ class BanditTask:
         self.R = torch.tensor(self.opt.rewards, dtype=torch.float32, device=device)  # [K]
 
     def build_policy(self) -> nn.Module:
-        # [K] = pi_ref's
+        # [K] = pi_ref's; the global generator, which the trainer seeds with --init-seed
         self.init_logits = torch.randn(len(self.opt.rewards)) * self.opt.init_scale
         return TabularPolicy(self.init_logits)
 

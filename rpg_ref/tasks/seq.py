@@ -5,7 +5,8 @@ significant digit first (the order in which a carry is computed), no leading zer
 Reward 1 for an exact answer followed by EOS, else 0 (accuracy = reward before penalties).
 The random-init policy is first warm-started by a short supervised phase on (prompt, answer) pairs
 so that it solves some problems; RL then raises the accuracy. The warm-started weights are cached
-in --cache-dir, keyed by the model config, the warm-start options and the seed.
+in --cache-dir, keyed by the model config, the warm-start options and the initialization seed
+(--init-seed, default --seed).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rpg_ref.interfaces import Prompt
+from rpg_ref.interfaces import Prompt, init_seed
 
 
 class SeqTask:
@@ -96,7 +97,7 @@ class SeqTask:
         if self.opt.warm_steps == 0:
             return model
         warm = {k: v for k, v in dataclasses.asdict(self.opt).items() if k != "eval_size"}
-        key = json.dumps([mcfg.to_dict(), warm, self.cfg.seed], sort_keys=True, default=str)
+        key = json.dumps([mcfg.to_dict(), warm, init_seed(self.cfg)], sort_keys=True, default=str)
         path = (Path(self.cfg.cache_dir)
                 / f"seq-warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors")
         if path.exists():
@@ -114,7 +115,7 @@ class SeqTask:
         generator)."""
         from rpg_ref.interfaces import task_progress
 
-        gen = torch.Generator().manual_seed(self.cfg.seed + 7)
+        gen = torch.Generator().manual_seed(init_seed(self.cfg) + 7)
         opt = torch.optim.AdamW(model.parameters(), lr=self.opt.warm_lr)
         bar = task_progress(self.opt.warm_steps, f"supervised warm start (cached in "
                             f"{self.cfg.cache_dir} for later runs)", self.cfg.progress)

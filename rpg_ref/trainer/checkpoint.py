@@ -1,8 +1,9 @@
 """Atomic checkpoints: everything a killed run needs to continue exactly where it was.
 
 OUT/checkpoints/step_XXXXXX/ holds model.safetensors, ref.safetensors (--ref init), optimizer.pt,
-rng.pt (python, numpy, torch, CUDA and the prompt generator's states) and state.json (the step and
-the config). A checkpoint is written into a temporary folder and renamed into place; only then is
+rng.pt (python, numpy, torch, CUDA and the prompt generator's states), sampler_lag.pt
+(--sampler-lag: rpg_ref.trainer.sampler_lag) and state.json (the step and the config). A
+checkpoint is written into a temporary folder and renamed into place; only then is
 OUT/checkpoints/LATEST replaced (also by a rename), so a crash at any moment leaves either the old
 or the new checkpoint, never a half-written one. The latest ``keep`` checkpoints are kept
 (--keep-checkpoints; 0 keeps all). A run resumed from it is bitwise identical on CPU
@@ -102,6 +103,12 @@ def latest_step(out: Path) -> int:
     if not latest.exists():
         return 0
     return loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
+
+
+def latest_checkpoint(out: Path) -> Path:
+    """The folder of run folder ``out``'s latest checkpoint (where LATEST points)."""
+    root = out / "checkpoints"
+    return root / (root / "LATEST").read_text().strip()
 
 
 def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:

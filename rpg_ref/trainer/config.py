@@ -47,7 +47,13 @@ class Config:
     resume: str | None = _f(
         None, "continue the run stored in this output folder (its config is reused)"
     )
-    seed: int = _f(0, "random seed (python, numpy, torch)")
+    seed: int = _f(0, "random seed (python, numpy, torch): prompts, sampling, shuffling")
+    init_seed: int | None = _f(
+        None,
+        "seed of the initialization: the model's random init and the task's warm start (the seq "
+        "task's supervised phase and its cache key, the bandit's initial logits); default "
+        "--seed. Runs with one --init-seed and different --seed share their initial weights",
+    )
     steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer loop")
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
     threads: int = _f(0, "torch CPU threads (0 = torch's default; 1 is fastest for tiny models)")
@@ -95,6 +101,13 @@ class Config:
                               "-overlong_penalty over the last this-many tokens before "
                               "max_new_tokens (0 = off)")
     overlong_penalty: float = _f(1.0, "size of the overlong penalty at max_new_tokens")
+    sampler_lag: int = _f(
+        0,
+        "K: step t samples with the policy of K updates before (the weights after t-1-K "
+        "updates, the initial ones for the first K steps) and keeps the sampler's log-probs, as "
+        "an asynchronous trainer does; pi_old stays the policy at the start of step t, so "
+        "--rollout-correction tis|mis corrects the staleness (docs/trainer.md). 0: on-policy",
+    )
     rollout_correction: str = _f(
         "none",
         "weight each sample's loss by pi_old / pi_sampler from the "
@@ -421,6 +434,11 @@ def validate(cfg: Config) -> None:
         bad(f"--dynamic-sampling-rounds must be >= 1, got {cfg.dynamic_sampling_rounds}")
     if cfg.dynamic_sampling and cfg.group_size < 2:
         bad("--dynamic-sampling needs --group-size >= 2 (a group of one always has equal rewards)")
+    if type(cfg.sampler_lag) is not int or cfg.sampler_lag < 0:
+        bad(f"--sampler-lag must be an integer >= 0 (0: sample with the current policy), got "
+            f"{cfg.sampler_lag!r}")
+    if cfg.init_seed is not None and type(cfg.init_seed) is not int:
+        bad(f"--init-seed must be an integer (or left out: --seed), got {cfg.init_seed!r}")
     check_rollout_correction(cfg)
     if cfg.tensorboard:
         try:

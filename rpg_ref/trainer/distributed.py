@@ -57,6 +57,7 @@ from torch import Tensor, nn
 
 from rpg_ref.interfaces import Batch, Generation
 from rpg_ref.models import logprobs as model_logprobs
+from rpg_ref.trainer.sampler_lag import evaluate, resync
 
 
 def world() -> int:
@@ -342,18 +343,22 @@ class Workers:
         return (torch.cat([p[0] for p in parts]).to(r.device),
                 torch.cat([p[1] for p in parts]).to(correct.device))
 
-    def sync_weights(self) -> None:
-        """The engine takes the policy's weights (after an update, or a checkpoint's load)."""
+    def sync_weights(self, resumed: Path | None = None) -> None:
+        """The engine takes the policy's weights after an update; after a resume from run folder
+        ``resumed``, the weights it held when the checkpoint was written (sampler_lag.resync)."""
         with gathered(self.policy):
-            self.engine.sync_weights(self.policy)
+            if resumed is None:
+                self.engine.sync_weights(self.policy)
+            else:
+                resync(self.engine, self.policy, resumed)
 
     def evaluate(self) -> dict:
-        """The task's evaluation of the policy, run by rank 0 on the full weights; every rank gets
-        its result (the others wait)."""
+        """The task's evaluation of the current policy, run by rank 0 on the full weights; every
+        rank gets its result (the others wait)."""
         with gathered(self.policy):
             if not active():
-                return self.task.evaluate(self.policy, self.engine)
-            box = [self.task.evaluate(self.policy, self.engine) if is_main() else None]
+                return evaluate(self.task, self.policy, self.engine)
+            box = [evaluate(self.task, self.policy, self.engine) if is_main() else None]
             dist.broadcast_object_list(box, 0)
             return box[0]
 

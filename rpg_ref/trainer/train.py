@@ -4,6 +4,7 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
 
     for step = 1 .. steps:                                                      where below
       1. sample G responses to each of B prompts with pi_old (= the current policy)   rollout
+         (--sampler-lag K: with the policy of K updates before, trainer.sampler_lag)
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
          (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
@@ -51,7 +52,7 @@ from torch import Tensor, nn
 from rpg_ref.core.advantages import compute_advantages
 from rpg_ref.core.kl import k3
 from rpg_ref.core.losses import LOSSES, LossOptions
-from rpg_ref.interfaces import Batch, Prompt, collate
+from rpg_ref.interfaces import Batch, Prompt, collate, init_seed
 from rpg_ref.models.logprobs import micro_batches, token_logprobs
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import dumps, loads
@@ -67,6 +68,7 @@ from rpg_ref.trainer.config import Config, loss_options, resolved_adv
 from rpg_ref.trainer.interrupts import signals_deferred
 from rpg_ref.trainer.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
 from rpg_ref.trainer.rollout_correction import weights_for_batch
+from rpg_ref.trainer.sampler_lag import build_engine, checkpoint_files
 from rpg_ref.trainer.shaping import overlong_penalty
 
 # =============================================================================================
@@ -267,7 +269,7 @@ def prepare(cfg: Config) -> Run:
         torch.set_num_threads(cfg.threads)
     engine_cls = resolve(ENGINES, cfg.engine, "engine")
     getattr(engine_cls, "check_available", lambda: None)()  # a missing vLLM: before any cache
-    seed_everything(cfg.seed)
+    seed_everything(init_seed(cfg))  # the model's init and the task's warm start: --init-seed
     task = resolve(TASKS, cfg.task, "task")(cfg, device)
     previous_dtype = torch.get_default_dtype()  # models are built in float32 whatever the caller's
     torch.set_default_dtype(torch.float32)      # default (mixed precision is a task option)
@@ -278,7 +280,7 @@ def prepare(cfg: Config) -> Run:
     # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
     policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
-    engine = engine_cls(policy, task, cfg)
+    engine = build_engine(engine_cls, policy, task, cfg)  # --sampler-lag K: K updates old
     # torchrun: FSDP2, 1/world of each per rank; returns once every rank has checked its inputs
     policy, ref = distributed.shard(policy, ref)
     # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
@@ -313,7 +315,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             atomic_write(out / "config.json", dumps(dataclasses.asdict(cfg), indent=1))
     start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
     if start:
-        workers.sync_weights()  # the engine was built before the checkpoint was loaded
+        workers.sync_weights(resumed=out)  # the engine was built before the checkpoint was loaded
     log = MetricsLog(out, start, cfg.tensorboard) if rank.main else None
     bar = Progress(cfg.steps, start, cfg.progress and rank.main)
     model_params = sum(p.numel() for p in policy.parameters())
@@ -387,6 +389,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         if step % cfg.save_every == 0 or step == cfg.steps:
             bar.phase("checkpoint")
             ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective, kept outside
+            ckpt.update(checkpoint_files(run.engine))  # --sampler-lag: the sampler's weight history
         with signals_deferred():  # a signal waits until the row and the checkpoint are both written
             if log:
                 log.write(row)
