@@ -178,8 +178,9 @@ class Config:
                             self.rollout_correction_cap)
         try:
             RC.check_options(mode, level, cap)
-        except ValueError as e:
-            _bad(f"--rollout-correction: {e}")
+        except ValueError as e:  # named: the flag the message speaks of
+            flag = next((f"-{w}" for w in ("cap", "level") if f"correction {w}" in str(e)), "")
+            _bad(f"--rollout-correction{flag}: {e}")
         if mode == "none":
             given = [f"--{k.replace('_', '-')}" for k in ("rollout_correction_level",
                                                           "rollout_correction_cap")
