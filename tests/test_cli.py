@@ -75,7 +75,7 @@ def test_steps_zero_names_the_steps_flag_only(capsys):
     """`--steps 0` is refused naming --steps, and no other field (max_new_tokens) is blamed."""
     rc, err = _run(["--steps", "0"], capsys)
     assert rc == 2 and len(err) == 1
-    assert "--steps must be >= 1, got 0" in err[0]
+    assert "--steps must be an integer >= 1, got 0" in err[0]
     assert "max_new_tokens" not in err[0] and "max-new-tokens" not in err[0]
 
 

@@ -472,7 +472,7 @@ def test_resume_after_sigkill_is_bitwise_identical(tmp_path, cache_dir):
         (["--clip", "0", "0.28", "3"], "clip eps_low must be in"),
         (["--clip", "0.2", "-0.1", "3"], "clip eps_high must be > 0"),
         (["--clip", "0.2", "0.28", "1"], "c must be > 1"),
-        (["--updates-per-step", "0"], "--updates-per-step must be >= 1"),
+        (["--updates-per-step", "0"], "--updates-per-step must be an integer >= 1"),
         (["--kappa", "0"], "kappa must be > 0"),
         (["--kappa", "-1"], "kappa must be > 0"),
         (["--mini-batch-size", "48"], "not divisible into mini-batches"),

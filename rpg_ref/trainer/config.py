@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,25 +30,27 @@ if not hasattr(L, "resolve_options"):
     L.resolve_options = lambda name, run=True, **kw: L.run_options(name, **kw)
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """A numeric field's range: ``ok(value)``, and ``words`` for the message."""
     words: str
     ok: Callable[[Any], bool]
-    integer: bool = False
 
 
-def _number(v, integer: bool = False) -> bool:
-    return isinstance(v, int if integer else (int, float)) and not isinstance(v, bool)
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 DEFAULT_BETA = 1e-3  # the KL coefficient of a loss that has one, unless --beta
-AT_LEAST_1 = Rule(">= 1", lambda v: v >= 1, integer=True)
-AT_LEAST_0 = Rule(">= 0", lambda v: v >= 0, integer=True)
-SEED = Rule("in [0, 2^63)", lambda v: 0 <= v < 2**63, integer=True)
-POSITIVE = Rule("finite and > 0", lambda v: 0 < v < math.inf)  # nan fails every comparison
-NON_NEGATIVE = Rule("finite and >= 0", lambda v: 0 <= v < math.inf)
-PROBABILITY = Rule("in (0, 1]", lambda v: 0 < v <= 1)
+AT_LEAST_1 = Rule("an integer >= 1", lambda v: _int(v) and v >= 1)
+AT_LEAST_0 = Rule("an integer >= 0", lambda v: _int(v) and v >= 0)
+SEED = Rule("an integer in [0, 2^63)", lambda v: _int(v) and 0 <= v < 2**63)
+POSITIVE = Rule("finite and > 0", lambda v: _num(v) and 0 < v < math.inf)  # nan: every test fails
+NON_NEGATIVE = Rule("finite and >= 0", lambda v: _num(v) and 0 <= v < math.inf)
+PROBABILITY = Rule("in (0, 1]", lambda v: _num(v) and 0 < v <= 1)
 
 
 def _f(default, help: str, rule: Rule | None = None, cli: bool = True):
@@ -218,12 +220,12 @@ class Config:
                                       "one pass: batch / mini_batch_size)", AT_LEAST_1)
     kappa: float = _f(math.inf, "stop the inner loop when the running token-level "
                       "KL(pi_theta||pi_old) estimate exceeds this (inf = never)",
-                      Rule("> 0 (inf: never)", lambda v: v > 0))
+                      Rule("> 0 (inf: never)", lambda v: _num(v) and v > 0))
     lr: float = _f(1e-3, "AdamW learning rate", POSITIVE)
     weight_decay: float = _f(0.0, "AdamW weight decay", NON_NEGATIVE)
     adam_betas: list[float] = _f([0.9, 0.999], "AdamW betas", Rule(  # noqa: RUF009
-        "two numbers in [0, 1)",
-        lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(0 <= b < 1 for b in v)))
+        "two numbers in [0, 1)", lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+        and all(_num(b) and 0 <= b < 1 for b in v)))
     grad_clip: float = _f(1.0, "max gradient norm (0 = no clipping; the norm is logged either "
                           "way)", NON_NEGATIVE)
     warmup_steps: int = _f(0, "linear learning-rate warm-up, in training steps", AT_LEAST_0)
@@ -270,15 +272,9 @@ class Config:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # each number's own range
-            rule, v = f.metadata.get("rule"), getattr(self, f.name)
-            if rule is None or v is None:
-                continue
-            flag = f"--{f.name.replace('_', '-')}"
-            values = v if isinstance(v, (list, tuple)) else [v]
-            if not all(_number(x, rule.integer) for x in values):
-                _bad(f"{flag} must be {'an integer' if rule.integer else 'a number'}, got {v!r}")
-            if not rule.ok(v):
-                _bad(f"{flag} must be {rule.words}, got {v!r}")
+            rule, v = f.metadata["rule"], getattr(self, f.name)
+            if rule and v is not None and not rule.ok(v):
+                _bad(f"--{f.name.replace('_', '-')} must be {rule.words}, got {v!r}")
         self._check_run()
         self._fill_options()
         self._check_algorithm()
