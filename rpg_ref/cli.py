@@ -52,10 +52,11 @@ RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_eve
                      "keep_checkpoints", "dist_timeout")
 # in the default --out's name, or (as for the output-folder check) not part of a run's identity
 OUT_NAME_KEYS = ("preset", "task", "algo", "seed", "out", "resume", "progress", "tensorboard")
-DESCRIPTION = (f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults shown "
-               f"are what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or "
-               f"--task NAME) starts from another preset's values ({', '.join(PRESETS)}). --algo "
-               f"is one of: {', '.join(L.LOSSES)}.")
+DESCRIPTION = "\n".join((  # one line each (tyro does not wrap it: no name is cut at a hyphen)
+    f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults shown are what "
+    f"runs with no flags: the preset {DEFAULT_PRESET!r}.",
+    f"--preset NAME (or --task NAME) starts from another preset's values: {', '.join(PRESETS)}.",
+    f"--algo is one of: {', '.join(L.LOSSES)}."))
 
 
 class UsageError(ValueError):

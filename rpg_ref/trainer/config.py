@@ -69,14 +69,15 @@ def _bad(msg: str):
 class Config:
     # --- run ---
     preset: str | None = _f(None, "named preset of hyperparameters (see PRESETS); explicit flags "
-                            "override it. Default: the preset named like --task if there is one, "
+                            "override it. None: the preset named like --task if there is one, "
                             "else 'seq'")
     task: str = _f("seq", "task: one of rpg_ref.registry.TASKS (bandit, seq, math)")
-    out: str | None = _f(None, "output folder (default runs/<task>-<algo>-s<seed>)")
+    out: str | None = _f(None, "output folder (None: runs/<task>-<algo>-s<seed>, plus a hash of "
+                         "the flags that change the preset's values)")
     resume: str | None = _f(
         None, "continue the run stored in this output folder (its config is reused)")
     seed: int = _f(0, "random seed (python, numpy, torch)", SEED)
-    init_seed: int | None = _f(None, "seed of the model initialization and warm start (default: "
+    init_seed: int | None = _f(None, "seed of the model initialization and warm start (None: "
                                "--seed), so that initialization and sampling noise can be "
                                "separated", SEED)
     steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer "
@@ -101,14 +102,14 @@ class Config:
 
     # --- algorithm ---
     algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.core.losses.LOSSES")
-    beta: float | None = _f(None, "KL coefficient (for reinforce++ it enters the reward). "
-                            "Default: 1e-3, or 0 for a loss with no KL term (dapo)")
+    beta: float | None = _f(None, "KL coefficient (for reinforce++ it enters the reward); None: "
+                            "1e-3, or 0 for a loss with no KL term (dapo)")
     adv: str = _f(
         "auto", "advantage estimator in rpg_ref.core.advantages.ADVANTAGES; auto = the loss's "
         "default")
     clip: list[float] | None = _f(  # noqa: RUF009
         None, "clipping eps_low eps_high [c]: PPO / RPG-Style dual clip (c > 1, 'inf' = no dual "
-        "bound). Default: the loss's own (none for rpg losses)")
+        "bound). None: the loss's own (none for rpg losses)")
     no_clip: bool = _f(False, "no clipping (rpg losses only; PPO-type baselines always clip)")
     level: str = _f("token", f"importance-ratio level: one of {L.LEVELS}")
     agg: str = _f("token-mean", f"loss aggregation: one of {L.AGGREGATIONS}")
@@ -216,8 +217,8 @@ class Config:
     logprob_chunk: int = _f(0, "response tokens per LM-head call in log-prob passes (0 = auto: "
                             "512 MiB of fp32 logits, 883 tokens for Qwen3's vocabulary)",
                             AT_LEAST_0)
-    updates_per_step: int | None = _f(None, "K: max optimizer steps per rollout batch (default "
-                                      "one pass: batch / mini_batch_size)", AT_LEAST_1)
+    updates_per_step: int | None = _f(None, "K: max optimizer steps per rollout batch (None: "
+                                      "one pass, batch / mini_batch_size)", AT_LEAST_1)
     kappa: float = _f(math.inf, "stop the inner loop when the running token-level "
                       "KL(pi_theta||pi_old) estimate exceeds this (inf = never)",
                       Rule("> 0 (inf: never)", lambda v: _num(v) and v > 0))
