@@ -1,227 +1,189 @@
-"""rpg-train's command line: flags -> a validated Config -> rpg_ref.trainer.train.train.
+"""rpg-train's command line: flags -> a checked Config -> rpg_ref.trainer.train.train.
 
     rpg-train [--preset NAME] [--<field> VALUE ...] [--<task>-<option> VALUE ...]
     rpg-train --resume OUT [--steps N]
 
-The flags are generated from the Config dataclass (rpg_ref/trainer/config.py) and from every
-registered task's and engine's ``Options`` dataclass, so ``--help`` is always the dataclasses' own
-text. A bad configuration is one line on stderr and exit code 2, before anything is written; a usage
-error (unknown flag, bad value) two lines. Ctrl-C (SIGINT) or SIGTERM ends a run with one line
-naming the step reached, what is saved and the --resume command, exit code 130 / 143.
+tyro reads the flags off the Config dataclass (rpg_ref/trainer/config.py) and every registered
+task's and engine's ``Options``, so ``--help`` is the dataclasses' own text; the Config is then
+built from the preset and the flags given (config.from_preset). A bad configuration is one line on
+stderr and exit code 2, before anything is written; a usage error (unknown flag, bad value) two
+lines. Ctrl-C (SIGINT) or SIGTERM ends a run with one line naming the step reached, what is saved
+and the --resume command, exit code 130 / 143.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
+import os
 import re
 import shlex
 import signal
 import sys
-import textwrap
 import threading
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated
+
+import torch
+import tyro
 
 import rpg_ref.core.losses as L
-from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import loads
 from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer.checkpoint import latest_step
 from rpg_ref.trainer.config import (
+    DEFAULT_BETA,
     DEFAULT_PRESET,
+    DEFAULTS,
     PRESETS,
     Config,
-    fill_options,
+    from_preset,
+    plugin_options,
     preset_for,
-    validate,
 )
 from rpg_ref.trainer.train import finished, prepare, train
 
-RESUME_CHANGEABLE = (
-    "steps",
-    "progress",
-    "tensorboard",
-    "eval_every",
-    "save_every",
-    "keep_checkpoints",
-    "dist_timeout",
-)
-
-
-def _cli_type(tp) -> Any:
-    """The element type of a field annotation (``int | None`` -> int)."""
-    args = typing.get_args(tp)
-    if type(None) in args:
-        return next(a for a in args if a is not type(None))
-    return tp
-
-
-def option_flags() -> list[tuple[str, str, dataclasses.Field, str, Any]]:
-    """(dest, flag, field, owner, type) for every registered task's and engine's Options field."""
-    out = []
-    for kind, registry in (("task", TASKS), ("engine", ENGINES)):
-        for name in registry:
-            cls = resolve(registry, name, kind, quiet=True)
-            if cls is None or not hasattr(cls, "Options"):
-                continue
-            hints = typing.get_type_hints(cls.Options)
-            for f in dataclasses.fields(cls.Options):
-                dest = f"{name}_{f.name}"
-                out.append((dest, "--" + dest.replace("_", "-"), f, f"{kind}:{name}",
-                            _cli_type(hints[f.name])))
-    return out
-
-
-def _default(f: dataclasses.Field):
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+# what --resume OUT may change; every other flag must equal the stored run's
+RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every",
+                     "keep_checkpoints", "dist_timeout")
+# in the default --out's name, or (as for the output-folder check) not part of a run's identity
+OUT_NAME_KEYS = ("preset", "task", "algo", "seed", "out", "resume", "progress", "tensorboard")
+DESCRIPTION = "\n".join((  # one line each (tyro does not wrap it: no name is cut at a hyphen)
+    f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults shown are what "
+    f"runs with no flags: the preset {DEFAULT_PRESET!r}.",
+    f"--preset NAME (or --task NAME) starts from another preset's values: {', '.join(PRESETS)}.",
+    f"--algo is one of: {', '.join(L.LOSSES)}."))
 
 
 class UsageError(ValueError):
-    """A command line argparse cannot read (unknown flag, missing or mistyped value)."""
+    """A command line tyro cannot read (unknown flag, missing or mistyped value)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # two lines, not the 60-line usage argparse prints first
-        raise UsageError(f"{message}\nrun `rpg-train --help` for every option")
+def _like(f: dataclasses.Field, help: str | None = None) -> dataclasses.Field:
+    """A copy of field f (its default, its help)."""
+    return dataclasses.field(default=f.default, default_factory=f.default_factory,
+                             metadata={**f.metadata, "help": help or f.metadata.get("help")})
 
 
-class _Formatter(argparse.HelpFormatter):
-    """Wraps help text at spaces only: a loss name such as rpg-reinforce-urkl stays whole."""
+def _flags_class(table: dict) -> type:
+    """Config's fields and, in a group of their own, every task's and engine's options: the values
+    tyro reads, unchecked (the Config is built from them and the preset by parse_config)."""
+    options = dataclasses.make_dataclass("Options", [
+        (key, typing.get_type_hints(opts)[f.name],
+         _like(f, f"[{kind}:{name}] {f.metadata['help']}"))
+        for key, (kind, name, opts, f) in table.items()])
+    hidden = [(f.name, Annotated[dict, tyro.conf.Suppress], _like(f))
+              for f in dataclasses.fields(Config) if not f.metadata["cli"]]
+    no_clip = next(f for f in dataclasses.fields(Config) if f.name == "no_clip")
+    return dataclasses.make_dataclass("Flags", [
+        *hidden, ("no_clip", Annotated[bool, tyro.conf.FlagCreatePairsOff], _like(no_clip)),
+        ("task_and_engine", Annotated[options, tyro.conf.OmitArgPrefixes],
+         dataclasses.field(default_factory=options)),
+    ], bases=(Config,), namespace={"__post_init__": lambda self: None})
 
-    def _split_lines(self, text, width):
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
-    def _fill_text(self, text, width, indent):
-        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
-                             subsequent_indent=indent, break_on_hyphens=False)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="rpg-train",
-        argument_default=argparse.SUPPRESS,
-        allow_abbrev=False,
-        formatter_class=_Formatter,
-        description=f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults "
-        f"shown are what runs with no flags: the preset {DEFAULT_PRESET!r}. --preset NAME (or "
-        f"--task NAME) starts from another preset's values ({', '.join(PRESETS)}). "
-        f"--algo is one of: {', '.join(L.LOSSES)}.",
-    )
-    hints, preset = typing.get_type_hints(Config), PRESETS[DEFAULT_PRESET]
-    for f in dataclasses.fields(Config):
-        if not f.metadata.get("cli", True):
+def _one_line(box: str) -> str:
+    """tyro's error box -> its message on one line (the first paragraph inside the box)."""
+    lines = []
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", box).strip().splitlines()[1:]:  # [0]: the title
+        text = line.strip().strip("│|").strip()
+        if not text or set(text) <= set("─-"):  # a blank line or a rule: the paragraph's end
+            if lines:
+                break
             continue
-        tp, flag = _cli_type(hints[f.name]), "--" + f.name.replace("_", "-")
-        default = (f"{preset[f.name]}, from preset {DEFAULT_PRESET!r}" if f.name in preset
-                   else _default(f))
-        helptext = f"{f.metadata['help']} (default: {default})"
-        if tp is bool and f.name.startswith("no_"):
-            p.add_argument(flag, action="store_true", help=helptext)
-        elif tp is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=helptext)
-        elif tp in (list, tuple) or "nargs" in f.metadata:
-            p.add_argument(flag, nargs=f.metadata.get("nargs", "+"), type=str, help=helptext)
-        else:
-            p.add_argument(flag, type=tp, help=helptext)
-    group = p.add_argument_group("task and engine options")
-    for dest, flag, f, owner, tp in option_flags():
-        helptext = f"[{owner}] {f.metadata.get('help', '')} (default: {_default(f)})"
-        if tp is bool:
-            group.add_argument(
-                flag, dest=dest, action=argparse.BooleanOptionalAction, help=helptext
-            )
-        elif tp in (list, tuple) or typing.get_origin(tp) in (list, tuple):
-            elem = (typing.get_args(tp) or (str,))[0]  # list[float] -> float
-            group.add_argument(flag, dest=dest, nargs="+", type=elem, help=helptext)
-        else:
-            group.add_argument(flag, dest=dest, type=tp, help=helptext)
-    return p
+        lines.append(text)
+    return " ".join(lines) or "the command line cannot be read"
 
 
-def _typed(flags: dict) -> dict:
-    """Flag strings -> config values: --clip through the loss library's parser, betas to floats."""
-    flags = dict(flags)
-    if flags.get("clip") is not None:
-        try:  # the loss library's rule refuses a malformed or out-of-range clip
-            L.parse_clip(flags["clip"])
-        except ValueError as e:
-            raise ValueError(
-                f"bad configuration: --clip {' '.join(map(str, flags['clip']))}: {e}"
-            ) from None
-        flags["clip"] = [float(v) for v in flags["clip"]]  # stored as given ('inf' stays inf)
-    if "adam_betas" in flags:
-        flags["adam_betas"] = [float(v) for v in flags["adam_betas"]]
-    return flags
+def _parse(argv: list) -> dict:
+    """argv -> {field or "<name>_<option>": value} for each flag given (tyro checks the syntax)."""
+    table = plugin_options()
+    flags_cls = _flags_class(table)
+    preset = {k: v for k, v in PRESETS[DEFAULT_PRESET].items() if k not in table}
+    default = flags_cls(**{**preset, "preset": DEFAULT_PRESET})  # --help shows what runs
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            flags = tyro.cli(flags_cls, args=argv, default=default, prog="rpg-train",
+                             description=DESCRIPTION)
+    except SystemExit as e:
+        if not e.code:
+            raise  # --help
+        raise UsageError(f"{_one_line(err.getvalue())}\nrun `rpg-train --help` for every "
+                         f"option") from None
+    sys.stderr.write(err.getvalue())  # tyro's warnings, if any
+    given = {}
+    for arg in argv:
+        key = arg[2:].split("=")[0].replace("-", "_") if arg.startswith("--") else ""
+        key = key[3:] if key not in DEFAULTS and key not in table and key[:3] == "no_" else key
+        if key in DEFAULTS:
+            given[key] = getattr(flags, key)
+        elif key in table:
+            given[key] = getattr(flags.task_and_engine, key)
+    return given
+
+
+def help_text() -> str:
+    """What `rpg-train --help` prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        _parse(["--help"])
+    return out.getvalue()
 
 
 def parse_config(argv: list | None = None) -> Config:
-    """argv -> validated Config. Raises ValueError with a clear message on a bad configuration."""
-    flags = vars(build_parser().parse_args(argv))
-    if "resume" in flags:
-        return _resume_config(flags)
-    name = preset_for(flags.get("task"), flags.get("preset"))
-    values = {**copy.deepcopy(PRESETS[name]), **_typed(flags), "preset": name}
-    if flags.get("no_clip") and "clip" not in flags:
-        values["clip"] = None  # --no-clip beats a preset's clip
-    owners = {dest: owner for dest, _, _, owner, _ in option_flags()}
-    options = {k: values.pop(k) for k in list(values) if k in owners}
-    cfg = Config(**values)
-    if "beta" not in flags and cfg.algo in L.LOSSES:
-        cfg.beta = L.default_beta(cfg.algo, cfg.beta)  # e.g. dapo: no KL, so 0 unless asked
-    fill_options(cfg, options, owners)
-    if cfg.out is None:
-        cfg.out = default_out(cfg, name, flags)
+    """argv -> checked Config. Raises ValueError with a clear message on a bad configuration."""
+    given = _parse(sys.argv[1:] if argv is None else list(argv))
+    if "resume" in given:
+        return _resume_config(given)
+    preset = preset_for(given.get("task"), given.get("preset"))
     try:
-        validate(cfg)
+        cfg = from_preset(**given)
+        if cfg.out is None:
+            cfg.out = default_out(cfg, given)
+        check_here(cfg)
     except ValueError as e:
-        raise ValueError(f"{e}{_from_preset(str(e), name, flags)}") from None
+        raise ValueError(f"{e}{_from_preset(str(e), preset, given)}") from None
     return cfg
 
 
-# in the default --out's name, or (as for the output-folder check) not part of a run's identity
-OUT_NAME_KEYS = ("preset", "task", "algo", "seed", "out", "resume", "progress", "tensorboard")
-
-
-def default_out(cfg: Config, preset: str, flags: dict) -> str:
+def default_out(cfg: Config, given: dict) -> str:
     """runs/<task, or the preset when it is not the task's own>-<algo>-s<seed>, plus the first 6 hex
     digits of a hash of the flags that change the preset's values (sorted: their order does not
     matter). Two configurations never share a folder; the run with no flags stays
     runs/seq-rpg-reinforce-urkl-s0."""
-    name = cfg.task if preset == preset_for(cfg.task, None) else preset
-    defaults = {f.name: _default(f) for f in dataclasses.fields(Config)}
-    defaults.update({dest: _default(f) for dest, _, f, _, _ in option_flags()})
-    defaults.update(PRESETS[preset])
-    changed = {k: v for k, v in _typed(flags).items()
+    name = cfg.task if cfg.preset == preset_for(cfg.task, None) else cfg.preset
+    options = {k: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+               for k, (*_, f) in plugin_options().items()}
+    defaults = {**DEFAULTS, "beta": DEFAULT_BETA, **options, **PRESETS[cfg.preset]}
+    changed = {k: v for k, v in given.items()
                if k not in OUT_NAME_KEYS and defaults.get(k, object()) != v}
     if not changed:
         return f"runs/{name}-{cfg.algo}-s{cfg.seed}"
-    digest = hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[
-        :6
-    ]
-    return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest}"
+    digest = hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()
+    return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest[:6]}"
 
 
-def _from_preset(message: str, preset: str, flags: dict) -> str:
+def _from_preset(message: str, preset: str, given: dict) -> str:
     """'; --x V came from preset P' for each flag the message names that the user did not give."""
     notes = []
     for flag in dict.fromkeys(re.findall(r"--([a-z][a-z0-9-]*)", message)):
         key = flag.replace("-", "_")
-        if key in PRESETS[preset] and key not in flags:
+        if key in PRESETS[preset] and key not in given:
             notes.append(f"--{flag} {PRESETS[preset][key]} came from --preset {preset}")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def _resume_config(flags: dict) -> Config:
+def _resume_config(given: dict) -> Config:
     """The stored config of run folder DIR, continued in DIR (wherever the run was first written:
     a moved folder, or a relative --out resumed from another working directory, stays where it
     is)."""
-    out = Path(flags["resume"])
-    if "out" in flags:
+    out = Path(given["resume"])
+    if "out" in given:
         raise ValueError(f"--resume {out} continues the run in {out}: drop --out")
     path = out / "config.json"
     if not path.is_file():
@@ -229,27 +191,61 @@ def _resume_config(flags: dict) -> Config:
     try:
         stored = loads(path.read_text())
         cfg = Config(**stored)
-    except (json.JSONDecodeError, TypeError) as e:
+    except (ValueError, TypeError) as e:
         raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
-    given = _typed(
-        {k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume", "out")}
-    )
-    differ = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k, None) != v}
+    flat = {**stored, **{f"{cfg.task}_{k}": v for k, v in cfg.task_options.items()},
+            **{f"{cfg.engine}_{k}": v for k, v in cfg.engine_options.items()}}
+    differ = {k: (flat.get(k), v) for k, v in given.items()
+              if k not in (*RESUME_CHANGEABLE, "resume") and flat.get(k) != v}
     if differ:
-        raise ValueError(
-            f"--resume {out}: flags differ from the stored run's config: {differ}; only "
-            f"{sorted(RESUME_CHANGEABLE)} may change on resume"
-        )
-    for k in RESUME_CHANGEABLE:
-        if k in flags:
-            setattr(cfg, k, flags[k])
-    cfg.resume = cfg.out = str(out)
+        raise ValueError(f"--resume {out}: flags differ from the stored run's config: {differ}; "
+                         f"only {sorted(RESUME_CHANGEABLE)} may change on resume")
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if k in RESUME_CHANGEABLE},
+                              resume=str(out), out=str(out))
     reached = latest_step(out)
     if cfg.steps < reached:
         raise ValueError(f"--resume {out}: --steps {cfg.steps} is below the step the run has "
                          f"reached ({reached}); pass --steps >= {reached}")
-    validate(cfg)
+    check_here(cfg)
     return cfg
+
+
+def check_here(cfg: Config) -> None:
+    """What the Config cannot know: that this machine has --device and the tensorboard package,
+    and that OUT is a folder we can create or reuse (a new run never writes into another run)."""
+    device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = "no GPU is visible" if torch.version.cuda else "this torch is a CPU-only build"
+        raise ValueError(f"bad configuration: --device {cfg.device}: CUDA is not available here "
+                         f"({why}); use --device cpu (or auto)")
+    if device.type == "cuda" and (device.index or 0) >= (n := torch.cuda.device_count()):
+        raise ValueError(f"bad configuration: --device {cfg.device}: this machine has {n} GPU(s) "
+                         f"(cuda:0..cuda:{n - 1})")
+    if cfg.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"bad configuration: --tensorboard needs the tensorboard package "
+                             f"({e}); pip install tensorboard") from None
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"bad configuration: --out {out} exists and is not a folder; choose another --out")
+    ancestor = out
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not os.access(ancestor, os.W_OK):
+        raise ValueError(
+            f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out")
+    if not cfg.resume and (out / "config.json").exists():
+        stored = {**DEFAULTS, **loads((out / "config.json").read_text())}
+        diff = sorted(k for k, v in dataclasses.asdict(cfg).items()
+                      if stored.get(k) != v and k not in ("progress", "tensorboard", "resume"))
+        if not diff and latest_step(out) == 0:
+            return  # the same run, stopped before its first checkpoint: it starts again from step 1
+        what = f"a different config (fields {diff})" if diff else "the same config"
+        raise ValueError(f"bad configuration: output folder {out} already holds a run with {what}; "
+                         f"pass --resume {out} to continue it, or choose another --out")
 
 
 class Interrupted(KeyboardInterrupt):

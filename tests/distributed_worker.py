@@ -225,7 +225,8 @@ def main(out_path: str) -> None:
     base = tiny_qwen3()
     results = {"cases": {}}
     for name, fields in CASES:
-        cfg = Config(**{**dict(task="seq", prompts_per_step=N, group_size=1, mini_batch_size=N,
+        cfg = Config(**{**dict(task="seq", prompts_per_step=N, group_size=1, adv="batch-mean",
+                               mini_batch_size=N,
                                updates_per_step=1, grad_clip=0.5, logprob_chunk=3, beta=0.05,
                                temperature=1.0), **fields})
         b = union_batch(base)

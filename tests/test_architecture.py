@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from rpg_ref import SHORT_PATHS
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rpg_ref"
 DOC = ROOT / "docs" / "architecture.md"
@@ -112,32 +110,17 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path):
 
 def test_package_uses_full_module_paths():
     """Every `rpg_ref.<...>` module that a file of the package imports is a file or folder of the
-    package: the short paths of rpg_ref.SHORT_PATHS are for users, and an import through one would
-    escape the room rules above (it names no file)."""
+    package, and every name imported from `rpg_ref` itself is one of its modules: an import
+    through an alias (`rpg_ref.losses` for `rpg_ref.core.losses`) names no file, so it would
+    escape the room rules above."""
     bad = []
     for path in MODULES:
         for module, names in absolute_imports(path):
             if module.split(".")[0] != "rpg_ref":
                 continue
-            if module in SHORT_PATHS or not module_file(module):
+            if not module_file(module):
                 bad.append(f"{path.relative_to(ROOT)}: {module}")
-            bad += [f"{path.relative_to(ROOT)}: {module}.{n}" for n in names
-                    if f"{module}.{n}" in SHORT_PATHS]
+            if module == "rpg_ref":
+                bad += [f"{path.relative_to(ROOT)}: rpg_ref.{n}" for n in names
+                        if n != "__version__" and not module_file(f"rpg_ref.{n}")]
     assert not bad, bad
-
-
-def test_short_paths_are_the_modules_themselves():
-    """`import rpg_ref.<short>` gives the module object of its subpackage (one object, so a patch
-    through either name is seen by both), keeps that module's own __spec__, and every short path
-    names an existing module."""
-    import importlib
-
-    for short, full in SHORT_PATHS.items():
-        assert module_file(full), full
-        module = importlib.import_module(short)
-        assert module is importlib.import_module(full)
-        assert module.__name__ == full and module.__spec__.name == full
-    from rpg_ref import losses
-    from rpg_ref.core import losses as core_losses
-
-    assert losses is core_losses

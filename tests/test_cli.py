@@ -3,6 +3,7 @@ folder, Ctrl-C / SIGTERM, and the run files (strict JSON) that rpg-plot draws.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +46,19 @@ def test_usage_error_is_two_lines_naming_the_mistake_and_help(argv, capsys):
     assert not Path("runs").exists()
 
 
+def test_usage_error_in_a_utf8_terminal_is_two_lines(tmp_path):
+    """tyro draws its error in a box (UTF-8 lines where stdout is UTF-8, wrapped at the terminal's
+    width): rpg-train still says it in two lines, the first naming the flag, exit code 2."""
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", COLUMNS="40",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "rpg_ref.cli", "--max-new-tokens", "ten"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 2, p.stderr
+    assert err[0].startswith("rpg-train: Error parsing --max-new-tokens: invalid literal"), err
+    assert "│" not in p.stderr and not (tmp_path / "runs").exists()
+
+
 def test_missing_vllm_is_one_line_before_anything_is_written(capsys):
     """`--engine vllm` where vLLM is not installed: exit code 2, one line naming the install, and
     nothing written (not even the seq task's warm-start cache, which the task builds first)."""
@@ -61,7 +75,7 @@ def test_steps_zero_names_the_steps_flag_only(capsys):
     """`--steps 0` is refused naming --steps, and no other field (max_new_tokens) is blamed."""
     rc, err = _run(["--steps", "0"], capsys)
     assert rc == 2 and len(err) == 1
-    assert "--steps must be >= 1, got 0" in err[0]
+    assert "--steps must be an integer >= 1, got 0" in err[0]
     assert "max_new_tokens" not in err[0] and "max-new-tokens" not in err[0]
 
 
@@ -114,10 +128,77 @@ def test_default_out_is_unique_per_configuration():
         out("--clip", "0.2", "0.28"),
         out("--no-clip"),
         out("--beta", "0.01"),
+        out("--sampler-lag", "1"),
+        out("--init-seed", "5"),
     }
-    assert len(others) == 8, others
+    assert len(others) == 10, others
+    assert out("--beta", "0.001") == out()  # the KL coefficient beta defaults to
     assert out("--preset", "bandit") == "runs/bandit-rpg-reinforce-urkl-s0"
     assert out("--task", "bandit") == "runs/bandit-rpg-reinforce-urkl-s0"
+
+
+# ------------------------------------------------------------------------------------------
+# Config from Python = the command line's
+# ------------------------------------------------------------------------------------------
+
+
+def test_config_from_python_is_the_command_lines():
+    """A Config built from Python is the one rpg-train builds from the same values: the beta of a
+    loss with no KL term (dapo) is 0 both ways, 1e-3 for the others; a preset's beta gives way to
+    such a loss (bandit: 0.5 -> 0 for dapo) while a beta given with it is refused; the task's and
+    engine's options are filled and checked the same way."""
+    from rpg_ref.trainer.config import PRESETS, Config, from_preset
+
+    seq = {**PRESETS["seq"], "preset": "seq"}
+    assert Config(algo="dapo").beta == cli.parse_config(["--algo", "dapo"]).beta == 0.0
+    assert Config(algo="grpo").beta == cli.parse_config(["--algo", "grpo"]).beta == 1e-3
+    assert cli.parse_config(["--preset", "bandit", "--algo", "dapo"]).beta == 0.0
+    assert cli.parse_config(["--preset", "bandit", "--algo", "rpg-rkl"]).beta == 0.5
+    with pytest.raises(ValueError, match="dapo has no KL term"):
+        cli.parse_config(["--preset", "bandit", "--algo", "dapo", "--beta", "0.5"])
+    with pytest.raises(ValueError, match="dapo has no KL term"):
+        Config(**{**PRESETS["bandit"], "algo": "dapo"})
+    drop_out = lambda cfg: {**dataclasses.asdict(cfg), "out": None}
+    for argv, values in [
+        ([], {}),
+        (["--algo", "dapo"], {"algo": "dapo"}),
+        (["--algo", "reinforce++", "--beta", "0.01"], {"algo": "reinforce++", "beta": 0.01}),
+        (["--no-clip", "--seq-digits", "3", "--hf-chunk", "4"],
+         {"no_clip": True, "seq_digits": 3, "hf_chunk": "4"}),
+        (["--preset", "bandit", "--ref", "init", "--bandit-rewards", "1", "0"],
+         {"preset": "bandit", "ref": "init", "bandit_rewards": [1.0, 0.0]}),
+        (["--task", "math", "--preset", "math-cpu", "--math-eval-k", "2"],
+         {"task": "math", "preset": "math-cpu", "math_eval_k": [2]}),
+    ]:
+        cfg = cli.parse_config(argv)
+        assert drop_out(cfg) == drop_out(from_preset(**values)), argv
+    direct = Config(**{**seq, "algo": "rpg-rkl", "no_clip": True, "clip": None},
+                    task_options={"digits": 3})
+    assert drop_out(direct) == drop_out(
+        cli.parse_config(["--algo", "rpg-rkl", "--no-clip", "--seq-digits", "3"]))
+
+
+def test_a_config_json_without_the_newer_fields_resumes(tmp_path, capsys):
+    """A run folder whose config.json has no sampler_lag and no init_seed (fields with defaults)
+    resumes with their defaults; once a run exists, --sampler-lag and --init-seed are part of its
+    identity: a different value is refused on resume."""
+    from rpg_ref.strict_json import dumps, loads
+
+    out = tmp_path / "run"
+    argv = ["--preset", "bandit", "--steps", "2", "--group-size", "32", "--mini-batch-size", "32",
+            "--no-progress", "--out", str(out)]
+    stored = dataclasses.asdict(cli.parse_config(argv))
+    del stored["sampler_lag"], stored["init_seed"]
+    out.mkdir()
+    (out / "config.json").write_text(dumps(stored, indent=1))
+    assert cli.main(["--resume", str(out), "--steps", "3", "--no-progress"]) == 0
+    summary = loads((out / "summary.json").read_text())
+    assert summary["config"]["sampler_lag"] == 0 and summary["config"]["init_seed"] is None
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [
+        1, 2, 3]
+    for flag, value in (("--sampler-lag", "1"), ("--init-seed", "5")):
+        with pytest.raises(ValueError, match="flags differ from the stored run's config"):
+            cli.parse_config(["--resume", str(out), flag, value])
 
 
 # ------------------------------------------------------------------------------------------

@@ -142,6 +142,88 @@ def _refused(capsys, argv, out: Path, needle: str) -> str:
     return err
 
 
+# every numeric flag: (flags, the words of its rule); non-finite values and values out of range
+NUMBERS = [
+    (["--lr", "inf"], "--lr must be finite and > 0, got inf"),
+    (["--lr", "nan"], "--lr must be finite and > 0, got nan"),
+    (["--lr", "0"], "--lr must be finite and > 0, got 0.0"),
+    (["--beta", "nan"], "--beta nan: beta must be a finite number >= 0"),
+    (["--beta", "-1"], "--beta -1.0: beta must be a finite number >= 0"),
+    (["--adam-betas", "1.5", "0.999"], "--adam-betas must be two numbers in [0, 1), got [1.5, "),
+    (["--adam-betas", "0.9", "nan"], "--adam-betas must be two numbers in [0, 1)"),
+    (["--weight-decay", "inf"], "--weight-decay must be finite and >= 0, got inf"),
+    (["--weight-decay", "-0.1"], "--weight-decay must be finite and >= 0"),
+    (["--grad-clip", "nan"], "--grad-clip must be finite and >= 0, got nan"),
+    (["--grad-clip", "-1"], "--grad-clip must be finite and >= 0"),
+    (["--kappa", "nan"], "--kappa must be > 0 (inf: never), got nan"),
+    (["--kappa", "0"], "--kappa must be > 0"),
+    (["--temperature", "inf"], "--temperature must be finite and > 0, got inf"),
+    (["--temperature", "0"], "--temperature must be finite and > 0"),
+    (["--top-p", "nan"], "--top-p must be in (0, 1], got nan"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--overlong-penalty", "nan"], "--overlong-penalty must be finite and >= 0, got nan"),
+    (["--overlong-penalty", "-1"], "--overlong-penalty must be finite and >= 0"),
+    (["--rollout-correction", "tis", "--rollout-correction-cap", "nan"],
+     "--rollout-correction-cap: rollout correction cap must be a number >= 1"),
+    (["--rollout-correction", "tis", "--rollout-correction-cap", "0.5"],
+     "--rollout-correction-cap: rollout correction cap must be a number >= 1"),
+    (["--dist-timeout", "inf"], "--dist-timeout must be finite and > 0, got inf"),
+    (["--dist-timeout", "0"], "--dist-timeout must be finite and > 0"),
+    (["--clip", "0.2", "nan"], "--clip 0.2 nan: clip eps_high must be > 0 and finite"),
+    (["--seed", "-1"], "--seed must be an integer in [0, 2^63), got -1"),
+    (["--seed", str(2**63)], "--seed must be an integer in [0, 2^63)"),
+    (["--init-seed", "-1"], "--init-seed must be an integer in [0, 2^63), got -1"),
+    (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+    (["--threads", "-1"], "--threads must be an integer >= 0, got -1"),
+    (["--prompts-per-step", "0"], "--prompts-per-step must be an integer >= 1"),
+    (["--group-size", "0"], "--group-size must be an integer >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1"),
+    (["--dynamic-sampling-rounds", "0"], "--dynamic-sampling-rounds must be an integer >= 1"),
+    (["--overlong-buffer", "-1"], "--overlong-buffer must be an integer >= 0"),
+    (["--overlong-buffer", "2"], "--overlong-buffer must be in [0, --max-new-tokens 1], got 2"),
+    (["--sampler-lag", "-1"], "--sampler-lag must be an integer >= 0, got -1"),
+    (["--mini-batch-size", "0"], "--mini-batch-size must be an integer >= 1"),
+    (["--micro-batch-size", "-1"], "--micro-batch-size must be an integer >= 0"),
+    (["--micro-batch-tokens", "-1"], "--micro-batch-tokens must be an integer >= 0"),
+    (["--logprob-chunk", "-1"], "--logprob-chunk must be an integer >= 0"),
+    (["--updates-per-step", "0"], "--updates-per-step must be an integer >= 1"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be an integer >= 0"),
+    (["--eval-every", "-1"], "--eval-every must be an integer >= 0"),
+    (["--save-every", "0"], "--save-every must be an integer >= 1"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints must be an integer >= 0"),
+    (["--bandit-rewards", "1", "nan", "0"], "--bandit-rewards must be finite numbers"),
+    (["--bandit-rewards", "1"], "at least 2 arms"),
+    (["--bandit-init-scale", "inf"], "--bandit-init-scale must be finite and >= 0, got inf"),
+    (["--task", "seq", "--seq-digits", "19"], "--seq-digits must be in [1, 18], got 19"),
+    (["--task", "seq", "--seq-warm-lr", "nan"], "--seq-warm-lr must be finite and > 0"),
+    (["--task", "seq", "--seq-heads", "0"], "--seq-heads must be in [1, --seq-hidden 128]"),
+    (["--task", "seq", "--seq-warm-batch", "0"], "--seq-warm-batch must be >= 1"),
+    (["--task", "math", "--math-check-timeout", "nan"], "--math-check-timeout finite and > 0"),
+    (["--task", "math", "--math-eval-temperature", "inf"], "--math-eval-temperature finite"),
+    (["--task", "math", "--math-eval-max-new-tokens", "-1"], "--math-eval-max-new-tokens must be"),
+    (["--engine", "vllm", "--vllm-gpu-memory-utilization", "nan"],
+     "--vllm-gpu-memory-utilization must be in (0, 1]"),
+    (["--engine", "vllm", "--vllm-verify-tol", "inf"], "--vllm-verify-tol must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("flags,needle", NUMBERS, ids=[" ".join(f) for f, _ in NUMBERS])
+def test_numeric_flag_out_of_range_is_refused_naming_the_flag(tmp_path, capsys, flags, needle):
+    """Every numeric flag refuses inf / nan and values out of its range: one line naming the flag
+    and its rule, exit code 2, and OUT never created (the bandit preset, one token per response)."""
+    _refused(capsys, [*BANDIT, *flags], tmp_path / "o", needle)
+
+
+def test_numeric_flags_accept_their_extremes(tmp_path):
+    """inf where a flag's rule allows it (no KL early stop, no cap, no dual bound), a huge finite
+    lr, and the largest seed: accepted, as typed."""
+    cfg = cli.parse_config([*BANDIT, "--kappa", "inf", "--rollout-correction", "tis",
+                            "--rollout-correction-cap", "inf", "--clip", "0.2", "0.28", "inf",
+                            "--lr", "1e38", "--seed", str(2**63 - 1), "--out", str(tmp_path / "o")])
+    assert (cfg.kappa, cfg.rollout_correction_cap, cfg.clip[2], cfg.lr, cfg.seed) == (
+        float("inf"), float("inf"), float("inf"), 1e38, 2**63 - 1)
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
 )
@@ -265,12 +347,16 @@ def test_unreachable_hub_model_is_refused_quickly(tmp_path):
 
 def test_help_shows_the_values_the_default_run_uses():
     """For every value the default preset sets, --help shows that value, not the dataclass's."""
-    text = " ".join(cli.build_parser().format_help().split())
+    text = " ".join(cli.help_text().replace("│", " ").split())  # without tyro's box
     preset = config.PRESETS[config.DEFAULT_PRESET]
+    assert "The defaults shown are what runs with no flags: the preset 'seq'" in text
     for key, value in preset.items():
         flag = "--" + key.replace("_", "-")
         after = text[text.rindex(flag + " "):]
-        assert f"(default: {value}, from preset {config.DEFAULT_PRESET!r})" in after[:600], key
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        assert f"(default: {shown})" in after[:600], key
+    # most of them differ from the dataclass's defaults: the help shows the preset's own
+    assert sum(value != config.DEFAULTS[key] for key, value in preset.items()) >= 6
     cfg = cli.parse_config([])
     for key, value in preset.items():
         assert getattr(cfg, key) == value, key

@@ -9,6 +9,7 @@ best arm (the reported optimum is then that one-hot vector).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -82,10 +83,16 @@ class BanditTask:
         init_scale: float = field(default=1.0, metadata={
             "help": "initial logits ~ N(0, init_scale^2) (0 = uniform policy)"})
 
+        def __post_init__(self):
+            if len(self.rewards) < 2 or not all(math.isfinite(r) for r in self.rewards):
+                raise ValueError(f"bad configuration: --bandit-rewards must be finite numbers, "
+                                 f"one per arm, at least 2 arms; got {self.rewards}")
+            if not 0 <= self.init_scale < math.inf:
+                raise ValueError(f"bad configuration: --bandit-init-scale must be finite and >= 0, "
+                                 f"got {self.init_scale}")
+
     def __init__(self, cfg, device: torch.device):
         self.opt = self.Options(**cfg.task_options)
-        if len(self.opt.rewards) < 2:
-            raise ValueError(f"bandit needs >= 2 arms, got rewards {self.opt.rewards}")
         if cfg.max_new_tokens != 1:
             raise ValueError(f"bandit responses are one arm: --max-new-tokens must be 1, got "
                              f"{cfg.max_new_tokens}")

@@ -37,6 +37,7 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,10 +174,39 @@ class MathTask:
         export: bool = field(default=True, metadata={"help": "save the final policy as a Hugging "
                              "Face checkpoint with its tokenizer in OUT/hf"})
 
+        def __post_init__(self):
+            from rpg_ref.math.reward import SCORINGS, STYLES  # here: the reward imports sympy
+
+            def bad(msg):
+                raise ValueError(f"bad math option: {msg}")
+
+            for flag, valid in (("prompt", STYLES), ("scoring", SCORINGS), ("dtype", DTYPES)):
+                if getattr(self, flag) not in valid:
+                    bad(f"--math-{flag} must be one of {valid}, got {getattr(self, flag)!r}")
+            for flag in ("train_limit", "eval_limit", "max_prompt_tokens", "eval_n",
+                         "eval_max_new_tokens"):
+                if getattr(self, flag) < 0:
+                    bad(f"--math-{flag.replace('_', '-')} must be >= 0, got {getattr(self, flag)}")
+            if not 0 < self.check_timeout < math.inf or self.check_workers < 1:
+                bad(f"need --math-check-timeout finite and > 0 and --math-check-workers >= 1, got "
+                    f"{self.check_timeout}, {self.check_workers}")
+            if not self.eval_n:
+                return
+            if not self.eval_data:
+                bad("--math-eval-data is empty (use --math-eval-n 0 for no evaluation)")
+            if not self.eval_k or not all(1 <= k <= self.eval_n for k in self.eval_k):
+                bad(f"--math-eval-k values must be in [1, --math-eval-n {self.eval_n}], got "
+                    f"{self.eval_k}")
+            if not 0 <= self.eval_temperature < math.inf or not 0 < self.eval_top_p <= 1:
+                bad(f"need --math-eval-temperature finite and >= 0 and 0 < --math-eval-top-p <= 1, "
+                    f"got {self.eval_temperature}, {self.eval_top_p}")
+            if self.eval_temperature == 0 and self.eval_n > 1:
+                bad("--math-eval-temperature 0 (greedy) gives identical samples: use "
+                    "--math-eval-n 1")
+
     def __init__(self, cfg, device: torch.device):
         o = self.opt = self.Options(**cfg.task_options)
         self.cfg, self.device = cfg, device
-        self._check_options()
         # here, not at the top: rpg-train imports every task to list its flags, and the reward
         # imports sympy
         from rpg_ref.math.reward import MathReward, chat_prompt_ids
@@ -224,42 +254,6 @@ class MathTask:
         self.scorer = MathReward(style=o.prompt, scoring=o.scoring, backend=o.checker,
                                  timeout_s=o.check_timeout, num_workers=o.check_workers,
                                  thinking=o.enable_thinking)
-
-    def _check_options(self) -> None:
-        from rpg_ref.math.reward import SCORINGS, STYLES
-
-        o = self.opt
-
-        def bad(msg):
-            raise ValueError(f"bad math option: {msg}")
-
-        if o.prompt not in STYLES:
-            bad(f"--math-prompt must be one of {STYLES}, got {o.prompt!r}")
-        if o.scoring not in SCORINGS:
-            bad(f"--math-scoring must be one of {SCORINGS}, got {o.scoring!r}")
-        if o.dtype not in DTYPES:
-            bad(f"--math-dtype must be one of {DTYPES}, got {o.dtype!r}")
-        if o.train_limit < 0 or o.eval_limit < 0 or o.max_prompt_tokens < 0 or o.eval_n < 0:
-            bad("--math-train-limit, --math-eval-limit, --math-max-prompt-tokens and --math-eval-n "
-                "must be >= 0")
-        if o.eval_n:
-            if not o.eval_data:
-                bad("--math-eval-data is empty (use --math-eval-n 0 for no evaluation)")
-            wrong = [k for k in o.eval_k if not 1 <= k <= o.eval_n]
-            if wrong or not o.eval_k:
-                bad(
-                    f"--math-eval-k values must be in [1, --math-eval-n {o.eval_n}], got {o.eval_k}"
-                )
-            if o.eval_temperature < 0 or not 0 < o.eval_top_p <= 1:
-                bad(f"need --math-eval-temperature >= 0 and 0 < --math-eval-top-p <= 1, got "
-                    f"{o.eval_temperature}, {o.eval_top_p}")
-            if o.eval_temperature == 0 and o.eval_n > 1:
-                bad(
-                    "--math-eval-temperature 0 (greedy) gives identical samples: use "
-                    "--math-eval-n 1"
-                )
-        if o.eval_max_new_tokens < 0:
-            bad(f"--math-eval-max-new-tokens must be >= 0, got {o.eval_max_new_tokens}")
 
     # --- Task protocol -------------------------------------------------------------------------
     def build_policy(self) -> nn.Module:

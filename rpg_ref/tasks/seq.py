@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +48,24 @@ class SeqTask:
             default=256, metadata={"help": "held-out problems for greedy evaluation"}
         )
 
+        def __post_init__(self):
+            # operands below 10^18: int64; a head at least 1 wide
+            for name, ok, rule in (("digits", 1 <= self.digits <= 18, "in [1, 18]"),
+                                   ("hidden", self.hidden >= 1, ">= 1"),
+                                   ("heads", 1 <= self.heads <= self.hidden,
+                                    f"in [1, --seq-hidden {self.hidden}]"),
+                                   ("layers", self.layers >= 1, ">= 1"),
+                                   ("warm-steps", self.warm_steps >= 0, ">= 0"),
+                                   ("warm-lr", 0 < self.warm_lr < math.inf, "finite and > 0"),
+                                   ("warm-batch", self.warm_batch >= 1, ">= 1"),
+                                   ("eval-size", self.eval_size >= 1, ">= 1")):
+                if not ok:
+                    value = getattr(self, name.replace("-", "_"))
+                    raise ValueError(f"bad configuration: --seq-{name} must be {rule}, got {value}")
+
     def __init__(self, cfg, device: torch.device):
         self.opt = self.Options(**cfg.task_options)
         self.cfg, self.device = cfg, device
-        if self.opt.digits < 1:
-            raise ValueError(f"seq digits must be >= 1, got {self.opt.digits}")
         need = self.opt.digits + 2
         if cfg.max_new_tokens < need:
             raise ValueError(

@@ -1,10 +1,12 @@
-"""rpg-train's configuration: the ``Config`` dataclass, the named presets, and validation.
+"""rpg-train's configuration: the ``Config`` dataclass and the named presets.
 
-Each field's ``help`` is its --help text (rpg_ref/cli.py builds the parser from this dataclass).
-A preset holds only the values that differ from the dataclass defaults; options of a task or an
-engine are written "<task>_<option>". A loss's own options (beta, clip, level, agg) are resolved
-and checked once by rpg_ref.core.losses.run_options (``loss_options``: the frozen value the loop
-passes to every loss call); ``validate`` states every other rule once.
+Each field's ``help`` is its --help text (rpg_ref/cli.py hands the dataclass to tyro) and a numeric
+field's ``rule`` its range. ``Config.__post_init__`` checks every rule, then each section's
+``_check_*`` (written under the section's fields) the rules that tie fields together, and resolves
+what is left to the run (the engine, beta, the task's and engine's options): ``Config(...)`` from
+Python is the configuration rpg-train would run, and a bad one is one ValueError line naming the
+flag. A preset holds the values that differ from the defaults, keyed like flags
+("<task>_<option>" for an option of a task or an engine); ``from_preset`` applies one.
 """
 
 from __future__ import annotations
@@ -12,148 +14,309 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 import rpg_ref.core.losses as L
 import rpg_ref.trainer.rollout_correction as RC
-from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS
+from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS, TOKEN_LEVEL
 from rpg_ref.registry import ENGINES, TASKS, resolve
-from rpg_ref.strict_json import loads
-from rpg_ref.trainer.checkpoint import latest_step
+
+# TEMPORARY shim, removed at merge: the losses' one options function, until it lands there
+if not hasattr(L, "resolve_options"):
+    L.resolve_options = lambda name, run=True, **kw: L.run_options(name, **kw)
 
 
-def _f(default, help: str, **kw):
-    """A dataclass field whose ``help`` is its --help text (the single source of truth)."""
+class Rule(NamedTuple):
+    """A numeric field's range: ``ok(value)``, and ``words`` for the message."""
+    words: str
+    ok: Callable[[Any], bool]
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+DEFAULT_BETA = 1e-3  # the KL coefficient of a loss that has one, unless --beta
+AT_LEAST_1 = Rule("an integer >= 1", lambda v: _int(v) and v >= 1)
+AT_LEAST_0 = Rule("an integer >= 0", lambda v: _int(v) and v >= 0)
+SEED = Rule("an integer in [0, 2^63)", lambda v: _int(v) and 0 <= v < 2**63)
+POSITIVE = Rule("finite and > 0", lambda v: _num(v) and 0 < v < math.inf)  # nan: every test fails
+NON_NEGATIVE = Rule("finite and >= 0", lambda v: _num(v) and 0 <= v < math.inf)
+PROBABILITY = Rule("in (0, 1]", lambda v: _num(v) and 0 < v <= 1)
+
+
+def _f(default, help: str, rule: Rule | None = None, cli: bool = True):
+    """A field with its --help text and, for a number, its range (cli=False: no flag)."""
+    meta = {"help": help, "rule": rule, "cli": cli}
     if isinstance(default, (list, dict)):  # mutable: a fresh copy each
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _bad(msg: str):
+    raise ValueError(f"bad configuration: {msg}")
 
 
 @dataclass
 class Config:
     # --- run ---
-    preset: str = _f(
-        "seq",
-        "named preset of hyperparameters (see PRESETS); explicit flags "
-        "override it. Default: the preset named like --task if there is one, else 'seq'",
-    )
+    preset: str | None = _f(None, "named preset of hyperparameters (see PRESETS); explicit flags "
+                            "override it. None: the preset named like --task if there is one, "
+                            "else 'seq'")
     task: str = _f("seq", "task: one of rpg_ref.registry.TASKS (bandit, seq, math)")
-    out: str | None = _f(None, "output folder (default runs/<task>-<algo>-s<seed>)")
+    out: str | None = _f(None, "output folder (None: runs/<task>-<algo>-s<seed>, plus a hash of "
+                         "the flags that change the preset's values)")
     resume: str | None = _f(
-        None, "continue the run stored in this output folder (its config is reused)"
-    )
-    seed: int = _f(0, "random seed (python, numpy, torch): prompts, sampling, shuffling")
-    init_seed: int | None = _f(
-        None,
-        "seed of the initialization: the model's random init and the task's warm start (the seq "
-        "task's supervised phase and its cache key, the bandit's initial logits); default "
-        "--seed. Runs with one --init-seed and different --seed share their initial weights",
-    )
-    steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer loop")
+        None, "continue the run stored in this output folder (its config is reused)")
+    seed: int = _f(0, "random seed (python, numpy, torch): prompts, sampling, shuffling", SEED)
+    init_seed: int | None = _f(None, "seed of the initialization: the model's random init and "
+                               "the task's warm start (the seq task's supervised phase and its "
+                               "cache key, the bandit's initial logits). None: --seed. Runs with "
+                               "one --init-seed and different --seed share their initial weights",
+                               SEED)
+    steps: int = _f(60, "training steps; one step = one rollout batch and its inner optimizer "
+                    "loop", AT_LEAST_1)
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (cuda when available)")
-    threads: int = _f(0, "torch CPU threads (0 = torch's default; 1 is fastest for tiny models)")
-    dist_timeout: float = _f(
-        1800.0,
-        "under torchrun: seconds a rank waits in a collective before the "
-        "run stops with an error (a hung rank; a dead one stops it at once)",
-    )
+    threads: int = _f(0, "torch CPU threads (0 = torch's default; 1 is fastest for tiny models)",
+                      AT_LEAST_0)
+    dist_timeout: float = _f(1800.0, "under torchrun: seconds a rank waits in a collective "
+                             "before the run stops with an error (a hung rank; a dead one stops "
+                             "it at once)", POSITIVE)
     cache_dir: str = _f(
-        "runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)"
-    )
+        "runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)")
+
+    def _check_run(self):
+        resolve(TASKS, self.task, "task")
+        try:  # the machine's own devices are checked by rpg-train (rpg_ref.cli)
+            ok = self.device == "auto" or torch.device(self.device).type in ("cpu", "cuda")
+        except RuntimeError:
+            ok = False
+        if not ok:
+            _bad(f"--device {self.device!r} is not cpu, cuda, cuda:N or auto")
+
     # --- algorithm ---
     algo: str = _f("rpg-reinforce-urkl", "loss: a name in rpg_ref.core.losses.LOSSES")
-    beta: float = _f(1e-3, "KL coefficient (for reinforce++ it enters the reward; dapo has no KL "
-                     "and uses 0 unless --beta is given)")
+    beta: float | None = _f(None, "KL coefficient (for reinforce++ it enters the reward); None: "
+                            "1e-3, or 0 for a loss with no KL term (dapo)")
     adv: str = _f(
-        "auto",
-        "advantage estimator in rpg_ref.core.advantages.ADVANTAGES; auto = the loss's default",
-    )
-    clip: list | None = _f(None, "clipping eps_low eps_high [c]: PPO / RPG-Style dual clip (c > 1, "  # noqa: RUF009
-                           "'inf' = no dual bound). Default: the loss's own (none for rpg losses)",
-                           nargs="+")
+        "auto", "advantage estimator in rpg_ref.core.advantages.ADVANTAGES; auto = the loss's "
+        "default")
+    clip: list[float] | None = _f(  # noqa: RUF009
+        None, "clipping eps_low eps_high [c]: PPO / RPG-Style dual clip (c > 1, 'inf' = no dual "
+        "bound). None: the loss's own (none for rpg losses)")
     no_clip: bool = _f(False, "no clipping (rpg losses only; PPO-type baselines always clip)")
     level: str = _f("token", f"importance-ratio level: one of {L.LEVELS}")
     agg: str = _f("token-mean", f"loss aggregation: one of {L.AGGREGATIONS}")
-    ref: str = _f("iterative", "pi_ref: 'iterative' (pi_ref = pi_old, one model) or 'init' (frozen "
-                  "initial policy, a second model)")
+    ref: str = _f("iterative", "pi_ref: 'iterative' (pi_ref = pi_old, one model) or 'init' "
+                  "(frozen initial policy, a second model)")
+
+    def _check_algorithm(self):
+        if self.beta is None and self.algo in L.SPECS:
+            self.beta = DEFAULT_BETA if L.SPECS[self.algo].has_kl else 0.0
+        try:  # the loss's own rules: name, beta, clip, level, agg
+            loss_options(self)
+        except ValueError as e:  # named: --algo and the flags the message speaks of
+            named = [f"--{k} {' '.join(map(str, v)) if k == 'clip' else v}"
+                     for k, v in (("algo", self.algo), ("beta", self.beta), ("clip", self.clip),
+                                  ("level", self.level), ("agg", self.agg))
+                     if v is not None and (k == "algo" or k in str(e))]
+            _bad(f"{' '.join(named)}{' --no-clip' * self.no_clip}: {e}")
+        self.clip = None if self.clip is None else [float(c) for c in self.clip]  # 'inf' stays inf
+        adv = resolved_adv(self)
+        if adv not in ADVANTAGES:
+            _bad(f"unknown advantage estimator --adv {self.adv!r}; valid: auto, "
+                 f"{', '.join(ADVANTAGES)}")
+        if (adv in TOKEN_LEVEL) != L.SPECS[self.algo].kl_in_reward:
+            _bad(f"--adv {adv} does not fit --algo {self.algo} (reinforce++ losses need "
+                 f"reinforce++ advantages)")
+        if self.group_size == 1 and adv in GROUP_ESTIMATORS:
+            _bad(f"--group-size 1 with the group baseline {adv!r}: every advantage would be 0; "
+                 f"use --group-size >= 2 or --adv batch-mean")
+        if self.ref not in ("iterative", "init"):
+            _bad(f"--ref must be 'iterative' or 'init', got {self.ref!r}")
+
     # --- rollout ---
     engine: str = _f("auto", "sampler: one of rpg_ref.registry.ENGINES; auto = the task's default")
-    prompts_per_step: int = _f(16, "prompts per rollout batch")
-    group_size: int = _f(8, "responses per prompt (G)")
-    temperature: float = _f(
-        1.0, "sampling temperature (log-probs are computed at the same temperature)"
-    )
-    top_p: float = _f(1.0, "nucleus sampling threshold in (0, 1]")
-    max_new_tokens: int = _f(8, "maximum response length in tokens")
+    prompts_per_step: int = _f(16, "prompts per rollout batch", AT_LEAST_1)
+    group_size: int = _f(8, "responses per prompt (G)", AT_LEAST_1)
+    temperature: float = _f(1.0, "sampling temperature (log-probs are computed at the same "
+                            "temperature)", POSITIVE)
+    top_p: float = _f(1.0, "nucleus sampling threshold in (0, 1]", PROBABILITY)
+    max_new_tokens: int = _f(8, "maximum response length in tokens", AT_LEAST_1)
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop groups whose rewards are all "
                                 "equal and sample more prompts to refill the batch")
-    dynamic_sampling_rounds: int = _f(
-        8,
-        "cap on generation rounds per step for dynamic sampling; "
-        "when hit, the batch is completed with dropped groups (dyn_filled=0)",
-    )
+    dynamic_sampling_rounds: int = _f(8, "cap on generation rounds per step for dynamic sampling; "
+                                      "when hit, the batch is completed with dropped groups "
+                                      "(dyn_filled=0)", AT_LEAST_1)
     overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty rises linearly from 0 to "
                               "-overlong_penalty over the last this-many tokens before "
-                              "max_new_tokens (0 = off)")
-    overlong_penalty: float = _f(1.0, "size of the overlong penalty at max_new_tokens")
-    sampler_lag: int = _f(
-        0,
-        "K: step t samples with the policy of K updates before (the weights after t-1-K "
-        "updates, the initial ones for the first K steps) and keeps the sampler's log-probs, as "
-        "an asynchronous trainer does; pi_old stays the policy at the start of step t, so "
-        "--rollout-correction tis|mis corrects the staleness (docs/trainer.md). 0: on-policy",
-    )
-    rollout_correction: str = _f(
-        "none",
-        "weight each sample's loss by pi_old / pi_sampler from the "
-        "engine's log-probs: 'none', 'tis' (truncated at the cap) or 'mis' "
-        "(masked to 0 above the cap); docs/rollout_correction.md",
-    )
-    rollout_correction_level: str = _f(
-        "token",
-        "importance weight per 'token' (biased, low variance) "
-        "or per 'sequence' (exact without a cap)",
-    )
+                              "max_new_tokens (0 = off)", AT_LEAST_0)
+    overlong_penalty: float = _f(1.0, "size of the overlong penalty at max_new_tokens",
+                                 NON_NEGATIVE)
+    rollout_correction: str = _f("none", "weight each sample's loss by pi_old / pi_sampler from "
+                                 "the engine's log-probs: 'none', 'tis' (truncated at the cap) or "
+                                 "'mis' (masked to 0 above the cap); docs/rollout_correction.md")
+    rollout_correction_level: str = _f("token", "importance weight per 'token' (biased, low "
+                                       "variance) or per 'sequence' (exact without a cap)")
     rollout_correction_cap: float = _f(
-        2.0, "cap C >= 1 on the weight pi_old / pi_sampler (inf = no cap)"
-    )
+        2.0, "cap C >= 1 on the weight pi_old / pi_sampler (inf = no cap)")
+    sampler_lag: int = _f(0, "K: step t samples with the policy of K updates before (the weights "
+                          "after t-1-K updates, the initial ones for the first K steps) and keeps "
+                          "the sampler's log-probs, as an asynchronous trainer does; pi_old stays "
+                          "the policy at the start of step t, so --rollout-correction tis|mis "
+                          "corrects the staleness (docs/trainer.md). 0: on-policy", AT_LEAST_0)
+
+    def _check_rollout(self):
+        if self.overlong_buffer > self.max_new_tokens:
+            _bad(f"--overlong-buffer must be in [0, --max-new-tokens {self.max_new_tokens}], got "
+                 f"{self.overlong_buffer}")
+        if self.dynamic_sampling and self.group_size < 2:
+            _bad("--dynamic-sampling needs --group-size >= 2 (a group of one always has equal "
+                 "rewards)")
+        mode, level, cap = (self.rollout_correction, self.rollout_correction_level,
+                            self.rollout_correction_cap)
+        try:
+            RC.check_options(mode, level, cap)
+        except ValueError as e:  # named: the flag the message speaks of
+            flag = next((f"-{w}" for w in ("cap", "level") if f"correction {w}" in str(e)), "")
+            _bad(f"--rollout-correction{flag}: {e}")
+        if mode == "none":
+            given = [f"--{k.replace('_', '-')}" for k in ("rollout_correction_level",
+                                                          "rollout_correction_cap")
+                     if getattr(self, k) != DEFAULTS[k]]
+            if given:
+                _bad(f"{' and '.join(given)} given without --rollout-correction tis|mis; add one, "
+                     f"or drop them")
+            return
+        if level == "token" and self.level == "sequence":
+            _bad("--rollout-correction-level token weights tokens, but --level sequence makes a "
+                 "whole response one unit of the loss; use --rollout-correction-level sequence")
+        if self.top_p < 1:
+            _bad(f"--rollout-correction {mode} with --top-p {self.top_p}: the sampler never draws "
+                 f"tokens outside the nucleus, so pi_old / pi_sampler cannot restore them; use "
+                 f"--top-p 1")
+        why = getattr(resolve(ENGINES, self.engine, "engine"), "sampler_logprobs_missing",
+                      lambda cfg: "it does not declare sampler_logprobs_missing "
+                                  "(rpg_ref.interfaces.Engine)")(self)
+        if why is not None:
+            _bad(f"--rollout-correction {mode} needs the sampler's own log-probs, which engine "
+                 f"{self.engine!r} does not report here ({why}); use --rollout-correction none "
+                 f"or another --engine")
+
     # --- update ---
-    mini_batch_size: int = _f(32, "responses per optimizer step")
+    mini_batch_size: int = _f(32, "responses per optimizer step", AT_LEAST_1)
     micro_batch_size: int = _f(
-        0, "responses per forward/backward (gradient accumulation); 0 = mini-batch"
-    )
+        0, "responses per forward/backward (gradient accumulation); 0 = mini-batch", AT_LEAST_0)
     micro_batch_tokens: int = _f(0, "at most this many tokens per forward/backward (rows x longest "
-                                 "prompt+response; sequences sorted by length first; 0 = no limit)")
+                                 "prompt+response; sequences sorted by length first; 0 = no "
+                                 "limit)", AT_LEAST_0)
     logprob_chunk: int = _f(0, "response tokens per LM-head call in log-prob passes (0 = auto: "
-                            "512 MiB of fp32 logits, 883 tokens for Qwen3's vocabulary)")
-    updates_per_step: int | None = _f(None, "K: max optimizer steps per rollout batch (default one "
-                                      "pass: batch / mini_batch_size)")
-    kappa: float = _f(
-        math.inf,
-        "stop the inner loop when the running token-level KL(pi_theta||pi_old) "
-        "estimate exceeds this (inf = never)",
-    )
-    lr: float = _f(1e-3, "AdamW learning rate")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    adam_betas: list = _f([0.9, 0.999], "AdamW betas", nargs=2)  # noqa: RUF009
-    grad_clip: float = _f(1.0, "max gradient norm (0 = no clipping; the norm is logged either way)")
-    warmup_steps: int = _f(0, "linear learning-rate warm-up, in training steps")
+                            "512 MiB of fp32 logits, 883 tokens for Qwen3's vocabulary)",
+                            AT_LEAST_0)
+    updates_per_step: int | None = _f(None, "K: max optimizer steps per rollout batch (None: "
+                                      "one pass, batch / mini_batch_size)", AT_LEAST_1)
+    kappa: float = _f(math.inf, "stop the inner loop when the running token-level "
+                      "KL(pi_theta||pi_old) estimate exceeds this (inf = never)",
+                      Rule("> 0 (inf: never)", lambda v: _num(v) and v > 0))
+    lr: float = _f(1e-3, "AdamW learning rate", POSITIVE)
+    weight_decay: float = _f(0.0, "AdamW weight decay", NON_NEGATIVE)
+    adam_betas: list[float] = _f([0.9, 0.999], "AdamW betas", Rule(  # noqa: RUF009
+        "two numbers in [0, 1)", lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+        and all(_num(b) and 0 <= b < 1 for b in v)))
+    grad_clip: float = _f(1.0, "max gradient norm (0 = no clipping; the norm is logged either "
+                          "way)", NON_NEGATIVE)
+    warmup_steps: int = _f(0, "linear learning-rate warm-up, in training steps", AT_LEAST_0)
     lr_decay: str = _f("constant", "after warm-up: 'constant' or 'cosine' (to 0 at the last step)")
+
+    def _check_update(self):
+        n = self.prompts_per_step * self.group_size
+        if n % self.mini_batch_size:
+            _bad(f"the batch ({self.prompts_per_step} prompts x {self.group_size} = {n} "
+                 f"responses) is not divisible into mini-batches of --mini-batch-size "
+                 f"{self.mini_batch_size}")
+        if self.micro_batch_size and self.mini_batch_size % self.micro_batch_size:
+            _bad(f"--mini-batch-size {self.mini_batch_size} is not divisible into micro-batches "
+                 f"of --micro-batch-size {self.micro_batch_size}")
+        self.adam_betas = [float(b) for b in self.adam_betas]
+        if self.lr_decay not in ("constant", "cosine"):
+            _bad(f"--lr-decay must be 'constant' or 'cosine', got {self.lr_decay!r}")
+
     # --- logging / checkpoints ---
-    eval_every: int = _f(0, "evaluate every this many steps (0 = only at the end)")
-    save_every: int = _f(10, "checkpoint every this many steps (and at the end)")
-    keep_checkpoints: int = _f(1, "checkpoints kept on disk: the latest N (0 = all)")
+    eval_every: int = _f(0, "evaluate every this many steps (0 = only at the end)", AT_LEAST_0)
+    save_every: int = _f(10, "checkpoint every this many steps (and at the end)", AT_LEAST_1)
+    keep_checkpoints: int = _f(1, "checkpoints kept on disk: the latest N (0 = all)", AT_LEAST_0)
     progress: bool = _f(True, "progress bar (tqdm when installed)")
     tensorboard: bool = _f(False, "also log to TensorBoard (needs the tensorboard package)")
-    # --- filled from the task's / engine's Options (--<task>-<option>, --<engine>-<option>) ---
-    task_options: dict = _f({}, "task-specific options (set with --<task>-<option>)", cli=False)  # noqa: RUF009
-    engine_options: dict = _f(  # noqa: RUF009
-        {}, "engine-specific options (set with --<engine>-<option>)", cli=False)
+
+    # --- the task's and the engine's Options (flags --<task>-<option>, --<engine>-<option>) ---
+    task_options: dict = _f({}, "the task's Options", cli=False)  # noqa: RUF009
+    engine_options: dict = _f({}, "the engine's Options", cli=False)  # noqa: RUF009
+
+    def _fill_options(self):
+        """Resolve engine 'auto'; complete each Options from its defaults and check it (its
+        __post_init__)."""
+        self.engine = engine_for(self.task, self.engine)
+        for key, cls, name in (("task_options", resolve(TASKS, self.task, "task"), self.task),
+                               ("engine_options", resolve(ENGINES, self.engine, "engine"),
+                                self.engine)):
+            opts = getattr(cls, "Options", None)
+            known = {f.name for f in dataclasses.fields(opts)} if opts else set()
+            unknown = set(getattr(self, key)) - known
+            if unknown:
+                _bad(f"unknown {key} for {name}: {sorted(unknown)}; valid: {sorted(known)}")
+            if opts:
+                setattr(self, key, dataclasses.asdict(opts(**getattr(self, key))))
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # each number's own range
+            rule, v = f.metadata["rule"], getattr(self, f.name)
+            if rule and v is not None and not rule.ok(v):
+                _bad(f"--{f.name.replace('_', '-')} must be {rule.words}, got {v!r}")
+        self._check_run()
+        self._fill_options()
+        self._check_algorithm()
+        self._check_rollout()
+        self._check_update()
+
+
+DEFAULTS = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(Config)}
+
+
+def engine_for(task: str, engine: str) -> str:
+    """The engine a run uses: --engine, or for 'auto' the task's default."""
+    return resolve(TASKS, task, "task").default_engine if engine == "auto" else engine
+
+
+def loss_options(cfg: Config) -> L.LossOptions:
+    """The loss's options, resolved once: beta split between the loss and the reward, the clip
+    bounds (the loss's default without --clip), level and aggregation."""
+    return L.resolve_options(cfg.algo, beta=cfg.beta, clip=cfg.clip, level=cfg.level,
+                             agg=cfg.agg, no_clip=cfg.no_clip, run=True)
+
+
+def resolved_adv(cfg: Config) -> str:
+    return L.SPECS[cfg.algo].advantage if cfg.adv == "auto" else cfg.adv
+
+
+def plugin_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
+    """"<name>_<option>" -> (kind, name, Options class, field) for every option of every
+    registered task and engine: the flag --<name>-<option>."""
+    table = {}
+    for kind, registry in (("task", TASKS), ("engine", ENGINES)):
+        for name in registry:
+            opts = getattr(resolve(registry, name, kind, quiet=True), "Options", None)
+            for f in dataclasses.fields(opts) if opts else ():
+                table[f"{name}_{f.name}"] = (kind, name, opts, f)
+    return table
 
 
 # =============================================================================================
@@ -298,245 +461,29 @@ def preset_for(task: str | None, preset: str | None) -> str:
     """The preset a run uses: the one named, else the one named like the task, else the default."""
     name = preset or (task if task in PRESETS else DEFAULT_PRESET)
     if name not in PRESETS:
-        raise ValueError(f"bad configuration: unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+        _bad(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
     return name
 
 
-# =============================================================================================
-# resolution: what the loop hands to the loss and the advantage estimator
-# =============================================================================================
-
-
-def loss_options(cfg: Config) -> L.LossOptions:
-    """The loss's options, resolved once: beta split between the loss and the reward, the clip
-    bounds (the loss's default without --clip), level and aggregation."""
-    return L.run_options(cfg.algo, beta=cfg.beta, clip=cfg.clip, level=cfg.level, agg=cfg.agg,
-                         no_clip=cfg.no_clip)
-
-
-def resolved_adv(cfg: Config) -> str:
-    return L.SPECS[cfg.algo].advantage if cfg.adv == "auto" else cfg.adv
-
-
-def fill_options(cfg: Config, flags: dict, owners: dict) -> None:
-    """Resolve engine 'auto' and fill cfg.task_options / cfg.engine_options from the task's and the
-    engine's Options defaults, the preset's entries and ``flags`` ({"<name>_<option>": value});
-    ``owners`` maps each such key to "task:<name>" or "engine:<name>"."""
-    task_cls = resolve(TASKS, cfg.task, "task")
-    cfg.engine = task_cls.default_engine if cfg.engine == "auto" else cfg.engine
-    engine_cls = resolve(ENGINES, cfg.engine, "engine")
-    for dest in flags:
-        if owners[dest] not in (f"task:{cfg.task}", f"engine:{cfg.engine}"):
-            raise ValueError(f"bad configuration: --{dest.replace('_', '-')} is an option of "
-                             f"{owners[dest]}, but this run uses task {cfg.task!r} and engine "
-                             f"{cfg.engine!r}")
-    for key, cls, name in (
-        ("task_options", task_cls, cfg.task),
-        ("engine_options", engine_cls, cfg.engine),
-    ):
-        mine = {
-            d[len(name) + 1 :]: v
-            for d, v in flags.items()
-            if owners[d] in (f"task:{name}", f"engine:{name}")
-        }
-        base = dataclasses.asdict(cls.Options()) if hasattr(cls, "Options") else {}
-        unknown = set(getattr(cfg, key)) - set(base)
-        if unknown:
-            raise ValueError(f"bad configuration: unknown {key} for {name}: {sorted(unknown)}; "
-                             f"valid: {sorted(base)}")
-        setattr(cfg, key, {**base, **getattr(cfg, key), **mine})
-        if hasattr(cls, "Options"):
-            # an Options class may check its values (__post_init__)
-            cls.Options(**getattr(cfg, key))
-
-
-# =============================================================================================
-# validation: every rule once
-# =============================================================================================
-
-
-def validate(cfg: Config) -> None:
-    """Refuse a bad configuration with one clear message (ValueError), before any work is done."""
-
-    def bad(msg):
-        raise ValueError(f"bad configuration: {msg}")
-
-    try:  # the loss's own rules: name, beta, clip, level, agg
-        loss_options(cfg)
-    except ValueError as e:
-        bad(f"--algo {cfg.algo}: {e}")
-    resolve(TASKS, cfg.task, "task")
-    if cfg.engine != "auto":
-        resolve(ENGINES, cfg.engine, "engine")
-    spec, adv = L.SPECS[cfg.algo], resolved_adv(cfg)
-    if adv not in ADVANTAGES:
-        bad(f"unknown advantage estimator --adv {cfg.adv!r}; valid: auto, {', '.join(ADVANTAGES)}")
-    if adv.startswith("reinforce++") != spec.kl_in_reward:
-        bad(
-            f"--adv {adv} does not fit --algo {cfg.algo} (reinforce++ losses need reinforce++ "
-            "advantages)"
-        )
-    if cfg.group_size < 1 or cfg.prompts_per_step < 1:
-        bad(
-            f"--group-size ({cfg.group_size}) and --prompts-per-step ({cfg.prompts_per_step}) "
-            "must be >= 1"
-        )
-    if cfg.group_size == 1 and adv in GROUP_ESTIMATORS:
-        bad(f"--group-size 1 with the group baseline {adv!r}: every advantage would be 0; use "
-            f"--group-size >= 2 or --adv batch-mean")
-    if cfg.updates_per_step is not None and cfg.updates_per_step < 1:
-        bad(f"K = --updates-per-step must be >= 1, got {cfg.updates_per_step}")
-    if not cfg.kappa > 0:
-        bad(f"--kappa must be > 0 (inf disables the KL early stop), got {cfg.kappa}")
-    n = cfg.prompts_per_step * cfg.group_size
-    if cfg.mini_batch_size < 1 or n % cfg.mini_batch_size:
-        bad(f"the batch ({cfg.prompts_per_step} prompts x {cfg.group_size} = {n} responses) is not "
-            f"divisible into mini-batches of --mini-batch-size {cfg.mini_batch_size}")
-    if cfg.micro_batch_size < 0 or (
-        cfg.micro_batch_size and cfg.mini_batch_size % cfg.micro_batch_size
-    ):
-        bad(f"--mini-batch-size {cfg.mini_batch_size} is not divisible into micro-batches of "
-            f"--micro-batch-size {cfg.micro_batch_size}")
-    if cfg.micro_batch_tokens < 0 or cfg.logprob_chunk < 0:
-        bad(
-            f"--micro-batch-tokens ({cfg.micro_batch_tokens}) and --logprob-chunk "
-            f"({cfg.logprob_chunk}) "
-            f"must be >= 0 (0 = no limit / auto)"
-        )
-    if not cfg.temperature > 0:
-        bad(f"--temperature must be > 0, got {cfg.temperature}")
-    if not 0 < cfg.top_p <= 1:
-        bad(f"--top-p must be in (0, 1], got {cfg.top_p}")
-    if cfg.threads < 0:
-        bad(f"--threads must be >= 0, got {cfg.threads}")
-    if cfg.keep_checkpoints < 0 or cfg.save_every < 1:
-        bad(f"need --keep-checkpoints >= 0 and --save-every >= 1; got {cfg.keep_checkpoints}, "
-            f"{cfg.save_every}")
-    check_device(cfg.device)
-    if cfg.steps < 1:
-        bad(f"--steps must be >= 1, got {cfg.steps}")
-    if cfg.max_new_tokens < 1:
-        bad(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
-    if not cfg.lr > 0 or cfg.weight_decay < 0 or cfg.grad_clip < 0:
-        bad(
-            f"need --lr > 0, --weight-decay >= 0, --grad-clip >= 0; got {cfg.lr}, "
-            f"{cfg.weight_decay}, "
-            f"{cfg.grad_clip}"
-        )
-    if cfg.ref not in ("iterative", "init"):
-        bad(f"--ref must be 'iterative' or 'init', got {cfg.ref!r}")
-    if cfg.lr_decay not in ("constant", "cosine"):
-        bad(f"--lr-decay must be 'constant' or 'cosine', got {cfg.lr_decay!r}")
-    if cfg.overlong_buffer < 0 or cfg.overlong_buffer > cfg.max_new_tokens:
-        bad(f"--overlong-buffer must be in [0, --max-new-tokens {cfg.max_new_tokens}], got "
-            f"{cfg.overlong_buffer}")
-    if cfg.dynamic_sampling and cfg.dynamic_sampling_rounds < 1:
-        bad(f"--dynamic-sampling-rounds must be >= 1, got {cfg.dynamic_sampling_rounds}")
-    if cfg.dynamic_sampling and cfg.group_size < 2:
-        bad("--dynamic-sampling needs --group-size >= 2 (a group of one always has equal rewards)")
-    if type(cfg.sampler_lag) is not int or cfg.sampler_lag < 0:
-        bad(f"--sampler-lag must be an integer >= 0 (0: sample with the current policy), got "
-            f"{cfg.sampler_lag!r}")
-    if cfg.init_seed is not None and type(cfg.init_seed) is not int:
-        bad(f"--init-seed must be an integer (or left out: --seed), got {cfg.init_seed!r}")
-    check_rollout_correction(cfg)
-    if cfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-        except ImportError as e:
-            bad(f"--tensorboard needs the tensorboard package ({e}); pip install tensorboard")
-    check_output_folder(cfg)
-
-
-def check_rollout_correction(cfg: Config) -> None:
-    """--rollout-correction needs the sampler's log-probs of the distribution it samples from."""
-    mode, level, cap = (
-        cfg.rollout_correction,
-        cfg.rollout_correction_level,
-        cfg.rollout_correction_cap,
-    )
-    try:
-        RC.check_options(mode, level, cap)
-    except ValueError as e:
-        raise ValueError(f"bad configuration: --rollout-correction: {e}") from None
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    if mode == "none":
-        given = [
-            f"--{k.replace('_', '-')}"
-            for k in ("rollout_correction_level", "rollout_correction_cap")
-            if getattr(cfg, k) != defaults[k]
-        ]
-        if given:
-            raise ValueError(
-                f"bad configuration: {' and '.join(given)} given without --rollout-correction "
-                f"tis|mis; add one, or drop them"
-            )
-        return
-    if level == "token" and cfg.level == "sequence":
-        raise ValueError("bad configuration: --rollout-correction-level token weights tokens, but "
-                         "--level sequence makes a whole response one unit of the loss; use "
-                         "--rollout-correction-level sequence")
-    if cfg.top_p < 1:
-        raise ValueError(
-            f"bad configuration: --rollout-correction {mode} with --top-p {cfg.top_p}: the "
-            f"sampler never draws tokens outside the nucleus, so pi_old / pi_sampler cannot "
-            f"restore them; use --top-p 1"
-        )
-    task_cls = resolve(TASKS, cfg.task, "task")
-    engine = task_cls.default_engine if cfg.engine == "auto" else cfg.engine
-    missing = getattr(
-        resolve(ENGINES, engine, "engine"),
-        "sampler_logprobs_missing",
-        lambda cfg: "it does not declare sampler_logprobs_missing (rpg_ref.interfaces.Engine)",
-    )
-    why = missing(cfg)
-    if why is not None:
-        raise ValueError(f"bad configuration: --rollout-correction {mode} needs the sampler's own "
-                         f"log-probs, which engine {engine!r} does not report here ({why}); use "
-                         f"--rollout-correction none or another --engine")
-
-
-def check_device(name: str) -> None:
-    """--device must name a device this machine has (checked before anything is built)."""
-    if name == "auto":
-        return
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"bad configuration: --device {name!r} is not cpu, cuda, cuda:N or auto")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        why = "no GPU is visible" if torch.version.cuda else "this torch is a CPU-only build"
-        raise ValueError(f"bad configuration: --device {name}: CUDA is not available here ({why}); "
-                         f"use --device cpu (or auto)")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"bad configuration: --device {name}: this machine has "
-            f"{torch.cuda.device_count()} GPU(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})"
-        )
-
-
-def check_output_folder(cfg: Config) -> None:
-    """OUT must be a folder we can create or reuse; a new run never writes into another run."""
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(
-            f"bad configuration: --out {out} exists and is not a folder; choose another --out"
-        )
-    ancestor = out
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not os.access(ancestor, os.W_OK):
-        raise ValueError(
-            f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out"
-        )
-    if not cfg.resume and (out / "config.json").exists():
-        stored = loads((out / "config.json").read_text())
-        diff = sorted(k for k, v in dataclasses.asdict(cfg).items()
-                      if stored.get(k) != v and k not in ("progress", "tensorboard", "resume"))
-        if not diff and latest_step(out) == 0:
-            return  # the same run, stopped before its first checkpoint: it starts again from step 1
-        what = f"a different config (fields {diff})" if diff else "the same config"
-        raise ValueError(f"bad configuration: output folder {out} already holds a run with {what}; "
-                         f"pass --resume {out} to continue it, or choose another --out")
+def from_preset(preset: str | None = None, **given) -> Config:
+    """The Config of `rpg-train --preset PRESET --<key> VALUE ...`: the preset's values (default:
+    the one named like the task, else seq), then ``given`` (keys as in PRESETS). A preset's beta
+    gives way to a loss with no KL term (dapo: 0) and its clip to no_clip."""
+    name = preset_for(given.get("task"), preset)
+    values = {**copy.deepcopy(PRESETS[name]), **given, "preset": name}
+    spec = L.SPECS.get(values.get("algo", DEFAULTS["algo"]))
+    if "beta" not in given and spec is not None and not spec.has_kl:
+        values.pop("beta", None)
+    if given.get("no_clip") and "clip" not in given:
+        values.pop("clip", None)
+    table = plugin_options()
+    task = values.get("task", DEFAULTS["task"])
+    engine = engine_for(task, values.get("engine", DEFAULTS["engine"]))
+    mine: dict[str, dict] = {"task": {}, "engine": {}}
+    for key in [k for k in values if k in table]:
+        kind, owner, _, f = table[key]
+        if owner != (task if kind == "task" else engine):
+            _bad(f"--{key.replace('_', '-')} is an option of {kind}:{owner}, but this run uses "
+                 f"task {task!r} and engine {engine!r}")
+        mine[kind][f.name] = values.pop(key)
+    return Config(**values, task_options=mine["task"], engine_options=mine["engine"])
