@@ -309,13 +309,14 @@ def resolved_adv(cfg: Config) -> str:
 
 def plugin_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
     """"<name>_<option>" -> (kind, name, Options class, field) for every option of every
-    registered task and engine: the flag --<name>-<option>."""
+    registered task and engine: the flag --<name>-<option> (a "-" in a name reads as "_" in the
+    key, which must be an identifier)."""
     table = {}
     for kind, registry in (("task", TASKS), ("engine", ENGINES)):
         for name in registry:
             opts = getattr(resolve(registry, name, kind, quiet=True), "Options", None)
             for f in dataclasses.fields(opts) if opts else ():
-                table[f"{name}_{f.name}"] = (kind, name, opts, f)
+                table[f"{name.replace('-', '_')}_{f.name}"] = (kind, name, opts, f)
     return table
 
 
