@@ -334,6 +334,15 @@ class Case:
     draws: list = field(default_factory=list)    # [(Problem, cands)], built on first use
 
 
+def closest_class(errs: dict[str, float], targets: dict[str, Tensor]) -> list[str]:
+    """The candidate nearest to the KL part together with every candidate of the same gradient
+    (to MATCH_TOL), sorted: those are one objective here (UKL = KL for normalized policies; Σt =
+    sequence where they coincide), and which of them is nearest is decided by float rounding (it
+    differs between CPUs), so all are named."""
+    best = min(errs, key=errs.get)
+    return sorted(k for k in errs if rel_err(targets[k], targets[best]) <= MATCH_TOL)
+
+
 def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_reward: Tensor,
                tol: float = MATCH_TOL) -> dict:
     """Reward-part error and KL-part verdict of one adapter on one problem (single candidates)."""
@@ -352,7 +361,9 @@ def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_rewa
     matches, judged_at = sorted(k for k, e in errs.items() if e <= MATCH_TOL), MATCH_TOL
     if not matches and tol > MATCH_TOL:
         matches, judged_at = sorted(k for k, e in errs.items() if e <= tol), tol
-    closest = min(errs, key=errs.get)
+    targets = {k: adapter.beta * gd for k, gd in cands.items()}
+    targets |= {"-" + k: -t for k, t in targets.items() if k != "no-kl"}
+    closest = closest_class(errs, targets)
     reward_err = rel_err(g_r, -g_reward)
     return {
         "reward_rel_err": reward_err,
@@ -360,7 +371,7 @@ def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_rewa
         "kl_matches": matches,
         "kl_judged_at": judged_at,
         "kl_closest": closest,
-        "kl_closest_err": errs[closest],
+        "kl_closest_err": min(errs[k] for k in closest),
         "kl_all_zero": all(float(gd.norm()) < ZERO_NORM for gd in cands.values()),
         "kl_grad_norm": float(g_kl.norm()),
         "kl_errs": errs,
