@@ -29,6 +29,7 @@ from audit_expectations import (
 
 from rpg_ref import audit
 from rpg_ref.audit import adapters as audit_adapters
+from rpg_ref.audit import cli as audit_cli
 from rpg_ref.core.advantages import kl_return_to_go, reinforce_pp
 from rpg_ref.core.exact import Autoregressive
 from rpg_ref.core.losses import LOSSES
@@ -543,6 +544,54 @@ def test_cli_audits_a_loss_file_and_a_module(tmp_path, monkeypatch, capsys):
     # told beta 0.2, the loss uses 0.1:
     out = capsys.readouterr().out
     assert "| Σt KL(π‖ref) |" not in out and "0.5·Σt KL(π‖ref) (same coefficients on" in out
+
+
+NO_GRADIENT = {
+    "no_grad": "import torch\n@torch.no_grad()\n"
+               "def loss(logp, old_logp, ref_logp, advantages, mask):\n"
+               "    return (-(logp - old_logp).exp() * advantages[:, None]).sum(1).mean()\n",
+    "detached": "def loss(logp, old_logp, ref_logp, advantages, mask):\n"
+                "    return (-logp.detach() * advantages[:, None]).sum(1).mean()\n",
+    "zero": "def loss(logp, old_logp, ref_logp, advantages, mask):\n"
+            "    return (0 * logp).sum(1).mean()\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NO_GRADIENT))
+def test_cli_loss_without_gradient_is_one_line(tmp_path, capsys, kind):
+    """A loss with no gradient with respect to logp (no_grad, detached, or multiplied by 0) is
+    said to have none, in one line (exit 2), instead of a verdict table."""
+    (tmp_path / "nograd.py").write_text(NO_GRADIENT[kind], encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        audit.main(["--loss", f"{tmp_path / 'nograd.py'}:loss", "--horizons", "1"])
+    err = capsys.readouterr()
+    assert e.value.code == 2 and err.out == ""
+    assert "the loss has no gradient with respect to logp" in one_line_of(err.err)
+
+
+def test_cli_slow_loss_prints_where_it_is(tmp_path, capsys, monkeypatch):
+    """A slow loss: the audit names the stage it is at (stderr) every Ticker.EVERY seconds; here
+    0.3 s, with a loss taking 0.05 s a call."""
+    (tmp_path / "slow.py").write_text(
+        "import time\n"
+        "def loss(logp, old_logp, ref_logp, advantages, mask):\n"
+        "    time.sleep(0.05)\n"
+        "    return (-(logp - old_logp).exp() * advantages[:, None]).sum(1).mean()\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(audit_cli.Ticker, "EVERY", 0.3)
+    assert audit.main(["--loss", f"{tmp_path / 'slow.py'}:loss", "--horizons", "1", "2",
+                       "--no-fit"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    stage = r"(case [1-8] of 8 \(θ [=≠] θ_old, π_ref [=≠] π_old, H=[12]\)|checking that .*)"
+    # at least one: the mean-over-responses check alone sleeps 10 x 0.05 s before the first case
+    assert lines and all(re.fullmatch(f"rpg-audit: loss: {stage}; \\d+ s so far", x)
+                         for x in lines), lines
+
+
+def one_line_of(err: str) -> str:
+    assert len(err.strip().splitlines()) == 1, err
+    return err
 
 
 def test_cli_unreachable_ratio_is_one_line(capsys):

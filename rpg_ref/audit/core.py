@@ -192,6 +192,15 @@ def response_grads(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor) -
     return torch.zeros_like(leaf) if g is None else g.to(DTYPE) * len(leaf)
 
 
+def has_gradient(adapter: Adapter, prob: Problem) -> bool:
+    """Whether the loss's gradient with respect to logp is non-zero for some response, with the
+    rewards as advantages or with none (a loss that ignores logp, or is computed under no_grad or
+    detached, has none at all)."""
+    tok = prob.tokens(prob.theta)
+    return any(bool(response_grads(adapter, prob, tok, adv).ne(0).any())
+               for adv in (prob.R, torch.zeros_like(prob.R)))
+
+
 def expected_grad(adapter: Adapter, prob: Problem, adv: Tensor) -> Tensor:
     """sum_y pi_old(y) grad_theta loss({y}), flattened over the logits table."""
     th = prob.theta.detach().clone().requires_grad_(True)
