@@ -37,8 +37,8 @@ TIMING_KEYS = ("time_", "_per_s", "peak_mem_mb")
 BANDIT = ["--task", "bandit", "--ref", "init", "--save-every", "50", "--no-progress"]
 
 
-def torchrun(args: list, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def torchrun(args: list, env: dict | None = None, **kw) -> subprocess.Popen:
+    env = env or {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node", "2", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
@@ -271,6 +271,52 @@ def test_sigterm_during_a_checkpoint_write_on_2_ranks(tmp_path):
     assert (out / "checkpoints" / "LATEST").read_text() == "step_000003"
     finish(torchrun(["-m", "rpg_ref.cli", "--resume", str(out), "--no-progress"]))
     assert [r["step"] for r in rows(out)] == [1, 2, 3, 4, 5]
+
+
+# rank 0 SIGKILLs rank 1 from inside the write of step 3's weights (a section that defers signals)
+# and stays there 3 s: torchrun's agent sees rank 1 die and SIGTERMs rank 0 before any collective
+# of rank 0 can fail, the side of the race that once lost the killed-rank test its line
+KILL_PEER_IN_CHECKPOINT = r"""
+import os, signal, sys, time
+from pathlib import Path
+import safetensors.torch
+from rpg_ref.cli import main
+pids = Path(os.environ["RPG_TEST_PIDS"])
+(pids / os.environ["RANK"]).write_text(str(os.getpid()))
+save_model = safetensors.torch.save_model
+def kill_peer_save_model(model, path, *a, **kw):
+    mine = "step_000003_%d/model.safetensors" % os.getpid()
+    if os.environ["RANK"] == "0" and path.endswith(mine):
+        os.kill(int((pids / "1").read_text()), signal.SIGKILL)
+        time.sleep(3.0)
+    return save_model(model, path, *a, **kw)
+safetensors.torch.save_model = kill_peer_save_model
+from rpg_ref.trainer.distributed import exit_process
+exit_process(main(sys.argv[1:]))
+"""
+
+
+def test_rank_stopped_by_torchrun_names_the_rank_that_died(tmp_path):
+    """Rank 1 dies while rank 0 is in a section that defers signals, so rank 0 learns of it from
+    torchrun's SIGTERM, not from a failed collective: its one line still says another rank died
+    and names rank 1 and its PID (not "interrupted")."""
+    script, out, pids = tmp_path / "kill_peer.py", tmp_path / "run", tmp_path / "pids"
+    script.write_text(KILL_PEER_IN_CHECKPOINT)
+    pids.mkdir()
+    p = torchrun([str(script), *BANDIT, "--steps", "6", "--save-every", "3", "--out", str(out)],
+                 env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+                      "RPG_TEST_PIDS": str(pids)})
+    try:
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("torchrun still running 300 s after its start") from None
+    lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+    assert p.returncode != 0 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("rpg-train: rank 0 stopped: another rank died or stopped responding")
+    assert "torchrun stopped this rank with SIGTERM" in lines[0], lines[0]
+    assert f"rank 1 (PID {(pids / '1').read_text()} on " in lines[0] and "has exited" in lines[0]
+    assert (out / "checkpoints" / "LATEST").read_text() == "step_000003"
 
 
 def test_resume_on_another_world_size_is_refused(bandit_2_ranks, capsys):
