@@ -317,7 +317,7 @@ def main(argv: list | None = None) -> int:
                 cfg = parse_config(argv)  # the folder's checks again, now that no one else writes
             run = None if finished(cfg) else prepare(cfg)
         except ValueError as e:
-            print(f"rpg-train: {_busy(argv, str(e)) or e}", file=sys.stderr)
+            print(f"rpg-train: {(D.is_main() and _busy(argv, str(e))) or e}", file=sys.stderr)
             return 2
         if run is None:
             print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
@@ -351,9 +351,10 @@ def main(argv: list | None = None) -> int:
             why = f"torchrun stopped this rank with {signal.Signals(signum).name}"
             print(f"rpg-train: {_peer_line(why, 0.0)}", file=sys.stderr)
         elif D.is_main():  # under torchrun every rank gets the signal: one line is enough
+            mine = cfg if lock is not None else None  # a folder it does not hold is not its run
             print(
                 ("\n" if cfg is not None and cfg.progress else "")
-                + interrupted_message(cfg, signum),
+                + interrupted_message(mine, signum),
                 file=sys.stderr,
             )
         return 128 + signum

@@ -319,6 +319,33 @@ def test_rank_stopped_by_torchrun_names_the_rank_that_died(tmp_path):
     assert (out / "checkpoints" / "LATEST").read_text() == "step_000003"
 
 
+def test_a_torchrun_job_into_a_folder_in_use_is_refused_by_rank_0(tmp_path):
+    """Rank 0 takes the run folder's lock: a 2-rank job with the same flags into the folder of a
+    run that is still going (and has no checkpoint yet, so nothing else refuses it) ends with rank
+    0's one line naming that run's PID, and the run goes on unharmed."""
+    out = tmp_path / "run"
+    argv = [*BANDIT, "--steps", "100000", "--save-every", "100000", "--out", str(out)]
+    live = subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert live.poll() is None, live.stderr.read()
+            time.sleep(0.1)
+        p = torchrun(["-m", "rpg_ref.cli", *argv])
+        _, err = p.communicate(timeout=300)
+        lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+        assert p.returncode != 0 and len(lines) == 1, err[-3000:]
+        assert f"in use by another rpg-train (PID {live.pid} on " in lines[0]
+        assert live.poll() is None
+        live.send_signal(signal.SIGTERM)  # a clean stop: its rows end with a whole step
+        assert live.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        live.kill()
+        live.wait()
+    assert [r["step"] for r in rows(out)] == list(range(1, len(rows(out)) + 1))
+
+
 def test_resume_on_another_world_size_is_refused(bandit_2_ranks, capsys):
     """A 2-rank run resumed by one process is refused with one line naming both world sizes and
     the command to use (exit code 2), before anything is written."""
