@@ -234,8 +234,8 @@ def _resume_config(flags: dict) -> Config:
         cfg = Config(**stored)
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
-    if run_folder.mistyped(stored, path):
-        raise ValueError(f"--resume {out}: {run_folder.mistyped(stored, path)}")
+    if wrong := run_folder.mistyped(stored, path):
+        raise ValueError(f"--resume {out}: {wrong}")
     given = _typed(
         {k: v for k, v in flags.items() if k not in (*RESUME_CHANGEABLE, "resume", "out")}
     )

@@ -136,8 +136,8 @@ class Diverged(RuntimeError):
 
 def flag_advice(cfg) -> str:
     """The flags that most often make a run diverge, with their values."""
-    clip = f"--grad-clip > 0 (now {cfg.grad_clip:g}: off)" if not cfg.grad_clip > 0 else None
-    return "lower --lr (now " + f"{cfg.lr:g})" + (f" or set {clip}" if clip else "")
+    clip = "" if cfg.grad_clip > 0 else f" or set --grad-clip > 0 (now {cfg.grad_clip:g}: off)"
+    return f"lower --lr (now {cfg.lr:g}){clip}"
 
 
 def failure_line(e: BaseException, out: Path, cfg, params) -> str | None:
@@ -156,13 +156,12 @@ def failure_line(e: BaseException, out: Path, cfg, params) -> str | None:
 
 
 def last_step(path: Path) -> int:
-    """The step of the last complete row of a metrics file (0: none)."""
+    """The step of the last complete row of a metrics file (0: none, or a file that is no log)."""
     try:
-        text = path.read_text()
-        rows = text[: text.rfind("\n") + 1].splitlines()
-        return int(loads(rows[-1])["step"]) if rows else 0
-    except (OSError, ValueError, KeyError, TypeError):
+        rows = step_rows(path)
+    except (OSError, ValueError):
         return 0
+    return rows[-1][1]["step"] if rows else 0
 
 
 class Watch:
@@ -182,8 +181,10 @@ class Watch:
         if bad:
             raise Diverged(f"step {row['step']}: {' and '.join(f'{k} is {row[k]}' for k in bad)}: "
                            f"training diverged; {flag_advice(self.cfg)}")
-        self.zero = self.zero + [row["step"]] if row.get("updates") and row["grad_norm"] == 0 \
-            else []
+        if row.get("updates") and row["grad_norm"] == 0:
+            self.zero.append(row["step"])
+        else:
+            self.zero = []
         if len(self.zero) >= self.ZERO_STEPS and not self.warned and D.is_main():
             self.warned = True
             print(f"rpg-train: warning: steps {self.zero[0]}-{self.zero[-1]}: every update had a "
