@@ -11,7 +11,8 @@ with safetensors, AdamW state twice their size with torch.save, and the manifest
     load     the weights loaded by safetensors and the AdamW state by torch.load (what resume
              does after the check)
 
-and prints the median of each, their ratios, and sha256 of one thread on the largest file.
+and prints the median of each, their ratios, and sha256 of one thread on the largest file; also
+the whole save_checkpoint (--repeat saves) and the part of it that writes the manifest.
 
     python small_scale/bench_checkpoint_hash.py [--gib 1] [--repeat 3] [--dir /tmp]
 """
@@ -54,7 +55,9 @@ def main() -> None:
     opt = {"state": {0: {"exp_avg": torch.randn(n), "exp_avg_sq": torch.rand(n)}}}
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         out = Path(tmp)
-        checkpoint.save_checkpoint(out, 1, {"model.safetensors": model, "optimizer.pt": opt}, Cfg())
+        state = {"model.safetensors": model, "optimizer.pt": opt}
+        saves = [timed(lambda: checkpoint.save_checkpoint(out, 1, state, Cfg()))
+                 for _ in range(a.repeat)]
         ck = out / "checkpoints" / "step_000001"
         files = sorted(p for p in ck.iterdir() if p.is_file())
         size = sum(p.stat().st_size for p in files)
@@ -73,8 +76,10 @@ def main() -> None:
 
         largest = max(files, key=lambda p: p.stat().st_size)
         read()  # into the page cache
-        t = {"verify": [], "read": [], "load": [], "one_thread": []}
+        t = {"verify": [], "read": [], "load": [], "one_thread": [], "save": saves,
+             "manifest": []}
         for _ in range(a.repeat):
+            t["manifest"].append(timed(lambda: checkpoint.write_manifest(ck)))
             t["verify"].append(timed(lambda: checkpoint.problem(ck)))
             t["read"].append(timed(read))
             t["load"].append(timed(load))
@@ -89,8 +94,11 @@ def main() -> None:
                      ("load", "load (safetensors + torch.load)"),
                      ("one_thread", "sha256, one thread (scaled)")):
         print(f"  {label:32s} {med[k] / gib:6.2f} s/GiB")
+    print(f"  {'save (all of save_checkpoint)':32s} {med['save'] / gib:6.2f} s/GiB, of which the "
+          f"manifest {med['manifest'] / gib:.2f} s/GiB")
     print(f"  verify / read = {med['verify'] / med['read']:.2f}; "
-          f"verify / load = {med['verify'] / med['load']:.2f}")
+          f"verify / load = {med['verify'] / med['load']:.2f}; "
+          f"manifest / save = {med['manifest'] / med['save']:.2f}")
 
 
 if __name__ == "__main__":
