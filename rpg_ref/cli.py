@@ -285,13 +285,16 @@ def interrupted_message(cfg: Config | None, signum: int) -> str:
 
 
 def _busy(argv: list | None, error: str) -> str | None:
-    """The lock holder's line when the folder a refusal names is in use: that is the reason."""
-    try:
-        flags = vars(build_parser().parse_args(argv))
-    except ValueError:
-        return None
-    folder = flags.get("resume") or flags.get("out")
-    return run_folder.in_use(Path(folder)) if folder and str(folder) in error else None
+    """The lock holder's line when the folder a refusal names (--resume DIR or --out DIR on the
+    command line) is in use: that is the reason."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in ("--resume", "--out"):
+            folder = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if folder and folder in error:
+                return run_folder.in_use(Path(folder))
+    return None
 
 
 def _peer_line(what: str, wait_s: float = 4.0) -> str:

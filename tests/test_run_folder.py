@@ -319,6 +319,8 @@ def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, cap
     assert (name if name != "manifest.json" else "manifest") in err
     assert steps(run) == list(range(1, 23))
     assert strip(rows(run)[:20]) == strip(rows(base))
+    # where files a feature adds to a checkpoint are read on resume: the same step as the weights
+    assert checkpoint.latest_checkpoint(run) == ck(run, 15)
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng.pt"])

@@ -312,6 +312,23 @@ def latest_step(out: Path) -> int:
     return 0 if st is None else st["step"]
 
 
+_LOADED: dict[Path, Path] = {}  # resolved run folder -> the checkpoint load_checkpoint used
+
+
+def latest_checkpoint(out: Path) -> Path:
+    """The checkpoint folder a resume of ``out`` continues from: the one load_checkpoint loaded
+    in this process (after its verification and fallback), else the newest whose files have
+    their sizes. Files a feature adds to a checkpoint are read from here, so that they come from
+    the same step as the weights."""
+    if Path(out).resolve() in _LOADED:
+        return _LOADED[Path(out).resolve()]
+    ck, notes = pick(Path(out), full=False)
+    if ck is None:
+        raise ResumeError(f"--resume {out}: no checkpoint in {Path(out) / 'checkpoints'}"
+                          + (f" ({'; '.join(notes)})" if notes else ""))
+    return ck
+
+
 def _choose(out: Path) -> tuple[str | None, str | None]:
     """(folder to load, line to print) or (None, error line); (None, None): nothing to load."""
     ck, notes = pick(out, full=True)
@@ -351,6 +368,7 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
         print(line, file=sys.stderr, flush=True)
     ck = Path(ck)
     step = read_state(ck)["step"]
+    _LOADED[Path(out).resolve()] = ck
     if D.active():  # a sharded run: every rank loads its shards (rpg_ref.trainer.distributed)
         st = _loading(out, ck, lambda p: D.load_full_states(p, policy, ref, opt))
     else:
