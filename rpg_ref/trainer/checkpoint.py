@@ -342,6 +342,17 @@ def _choose(out: Path) -> tuple[str | None, str | None]:
     return str(ck), note
 
 
+def _from_rank_0(fn):
+    """fn() on rank 0, its result sent to every rank of a torchrun job; one process: fn()."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return fn()
+    box = [fn() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, 0)
+    return box[0]
+
+
 def _loading(out: Path, path: Path, load):
     """load(path), its failure one line naming the file (a checkpoint without a manifest, or one
     of another model or optimizer: safetensors, pickle and torch each raise their own)."""
@@ -359,7 +370,7 @@ def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
 
     from rpg_ref.trainer import distributed as D
 
-    ck, line = D.on_main(lambda: _choose(out))  # rank 0 verifies, every rank loads the same one
+    ck, line = _from_rank_0(lambda: _choose(out))  # rank 0 verifies, every rank loads that one
     if ck is None:
         if line is not None:
             raise ResumeError(line)
