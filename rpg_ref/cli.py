@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -34,7 +35,8 @@ import tyro
 import rpg_ref.core.losses as L
 from rpg_ref.strict_json import loads
 from rpg_ref.trainer import distributed as D
-from rpg_ref.trainer.checkpoint import latest_step
+from rpg_ref.trainer import run_folder
+from rpg_ref.trainer.checkpoint import DiskFull, ResumeError, latest_step
 from rpg_ref.trainer.config import (
     DEFAULT_BETA,
     DEFAULT_PRESET,
@@ -45,6 +47,7 @@ from rpg_ref.trainer.config import (
     plugin_options,
     preset_for,
 )
+from rpg_ref.trainer.metrics import Diverged, failure_line
 from rpg_ref.trainer.train import finished, prepare, train
 
 # what --resume OUT may change; every other flag must equal the stored run's
@@ -193,6 +196,8 @@ def _resume_config(given: dict) -> Config:
         cfg = Config(**stored)
     except (ValueError, TypeError) as e:
         raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
+    if wrong := run_folder.mistyped(stored, path):
+        raise ValueError(f"--resume {out}: {wrong}")
     flat = {**stored, **{f"{cfg.task}_{k}": v for k, v in cfg.task_options.items()},
             **{f"{cfg.engine}_{k}": v for k, v in cfg.engine_options.items()}}
     differ = {k: (flat.get(k), v) for k, v in given.items()
@@ -275,8 +280,30 @@ def interrupted_message(cfg: Config | None, signum: int) -> str:
             f"continue with: rpg-train --resume {shlex.quote(str(out))}")
 
 
+def _busy(argv: list | None, error: str) -> str | None:
+    """The lock holder's line when the folder a refusal names (--resume DIR or --out DIR on the
+    command line) is in use: that is the reason."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in ("--resume", "--out"):
+            folder = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if folder and folder in error:
+                return run_folder.in_use(Path(folder))
+    return None
+
+
+def _peer_line(what: str, wait_s: float = 4.0) -> str:
+    """This rank stopped because another failed: which one, when the heartbeats tell."""
+    who = D.silent_peers(wait_s)
+    where = (f"{'; '.join(who)}: look there first (torchrun's report names the first rank to exit)"
+             if who else "torchrun's report names the rank that failed first")
+    return (f"rank {D.rank()} stopped: another rank died or stopped responding ({what}); "
+            f"{where}")
+
+
 def main(argv: list | None = None) -> int:
-    cfg = None
+    cfg = lock = None
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -284,34 +311,57 @@ def main(argv: list | None = None) -> int:
         # every user mistake (flags, data, model, device, folder) is caught before OUT is written
         try:
             cfg = parse_config(argv)
+            if D.is_main() and not finished(cfg):  # one writer per run folder (rank 0 holds it)
+                lock = run_folder.claim(cfg.out)
+                cfg = parse_config(argv)  # the folder's checks again, now that no one else writes
             run = None if finished(cfg) else prepare(cfg)
         except ValueError as e:
-            print(f"rpg-train: {e}", file=sys.stderr)
+            print(f"rpg-train: {(D.is_main() and _busy(argv, str(e))) or e}", file=sys.stderr)
             return 2
         if run is None:
             print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
                   f"(pass --steps N to extend it)")
         try:
             s = train(cfg, run)
+        except (ResumeError, DiskFull, Diverged) as e:  # one line each; ResumeError: bad input
+            if D.is_main():
+                print(f"rpg-train: {e}", file=sys.stderr)
+            return 2 if isinstance(e, ResumeError) else 1
         except Exception as e:
-            if not D.peer_failure(e):
+            if D.peer_failure(e):
+                if D.peers_stopping():
+                    return 128 + signal.SIGTERM  # torchrun stops the job: that rank says so
+                line = _peer_line(str(e).splitlines()[0][:160])
+            elif isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                line = (f"no space left on the device of {cfg.out} ({e.filename or e}); free some "
+                        f"space and continue with: rpg-train --resume {shlex.quote(cfg.out)}")
+            else:  # values that became non-finite inside a step
+                line = failure_line(e, Path(cfg.out), cfg, list(run.policy.parameters()))
+            if line is None:
                 raise
-            print(f"rpg-train: rank {D.rank()} stopped: another rank died or stopped responding "
-                  f"({str(e).splitlines()[0][:160]}); torchrun's report names the rank that failed "
-                  f"first", file=sys.stderr)
+            print(f"rpg-train: {line}", file=sys.stderr)
             return 1
     except KeyboardInterrupt as e:  # Ctrl-C (SIGINT) or SIGTERM: a line, no traceback
         signum = getattr(e, "signum", signal.SIGINT)
-        if D.is_main():  # under torchrun every rank gets the signal: one line is enough
+        D.mark_stopping()
+        # torchrun stops every rank with SIGTERM when one died: the reason, if that is it
+        dead = [p for p in D.silent_peers() if p.endswith("has exited")]
+        if dead:
+            why = f"torchrun stopped this rank with {signal.Signals(signum).name}"
+            print(f"rpg-train: {_peer_line(why, 0.0)}", file=sys.stderr)
+        elif D.is_main():  # under torchrun every rank gets the signal: one line is enough
+            mine = cfg if lock is not None else None  # a folder it does not hold is not its run
             print(
                 ("\n" if cfg is not None and cfg.progress else "")
-                + interrupted_message(cfg, signum),
+                + interrupted_message(mine, signum),
                 file=sys.stderr,
             )
         return 128 + signum
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if lock is not None:
+            lock.release()
     D.shutdown()
     if not D.is_main():
         return 0

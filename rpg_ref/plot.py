@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from rpg_ref.strict_json import loads
+from rpg_ref.strict_json import step_rows
 
 PANELS = (  # (title, metric keys drawn in it, y label)
     ("reward", ("reward",), "mean reward"),
@@ -40,8 +40,7 @@ def read_run(folder: Path) -> list[dict]:
         raise ValueError(
             f"{folder}: {why} (pass rpg-train output folders, e.g. runs/seq-rpg-reinforce-urkl-s0)"
         )
-    text = path.read_text()
-    rows = [loads(ln) for ln in text[: text.rfind("\n") + 1].splitlines() if ln.strip()]
+    rows = [row for _, row, _ in step_rows(path)]  # a bad row: ValueError naming file:line
     if not rows:
         raise ValueError(f"{path}: no completed step yet")
     return rows

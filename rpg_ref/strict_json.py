@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
@@ -46,3 +47,23 @@ def dumps(obj: Any, **kw) -> str:
 
 def loads(text: str) -> Any:
     return decode(json.loads(text))
+
+
+def step_rows(path: Path) -> list[tuple[int, dict, str]]:
+    """(line number, row, line) of every complete row of a JSONL file of steps (metrics.jsonl): a
+    last line cut short by a kill (no newline) is left out. ValueError "path:line: ..." for a line
+    that is not a JSON object with an integer "step"."""
+    text = path.read_text() if path.exists() else ""
+    out = []
+    for i, line in enumerate(text[: text.rfind("\n") + 1].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = loads(line)
+            if not isinstance(row, dict) or type(row.get("step")) is not int:
+                raise ValueError("not a JSON object with an integer 'step'")
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"{path}:{i}: not a metrics row ({e}); fix or remove that line"
+                             ) from None
+        out.append((i, row, line))
+    return out

@@ -37,8 +37,8 @@ TIMING_KEYS = ("time_", "_per_s", "peak_mem_mb")
 BANDIT = ["--task", "bandit", "--ref", "init", "--save-every", "50", "--no-progress"]
 
 
-def torchrun(args: list, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def torchrun(args: list, env: dict | None = None, **kw) -> subprocess.Popen:
+    env = env or {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node", "2", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
@@ -200,17 +200,22 @@ def killed_rank(tmp_path_factory) -> dict:
         p.kill()
         raise AssertionError("torchrun still running 60 s after a rank was killed") from None
     return {"out": out, "seconds": time.time() - t_kill, "returncode": p.returncode, "stderr": err,
-            "steps_before": len(rows(out))}
+            "steps_before": len(rows(out)), "pid": pid}
 
 
 def test_killed_rank_stops_the_run_within_seconds(killed_rank):
     """SIGKILL of rank 1 mid-run ends the whole torchrun job within 15 s (no hang; about 4 s on the
-    2-core machine), with a non-zero exit status, one line from rank 0 saying why it stopped, and
-    torchrun's report naming the rank and the signal."""
+    2-core machine), with a non-zero exit status, one line from rank 0 saying why it stopped and
+    naming rank 1, and torchrun's report naming the rank and the signal. Rank 0 learns it either
+    from its next collective (gloo: the connection closed) or from torchrun's SIGTERM, whichever
+    comes first: a race, and both give the same line."""
     err = killed_rank["stderr"]
     assert killed_rank["returncode"] != 0
     assert killed_rank["seconds"] < 15, killed_rank["seconds"]
-    assert "rpg-train: rank 0 stopped: another rank died or stopped responding" in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+    assert len(lines) == 1, err[-5000:]
+    assert lines[0].startswith("rpg-train: rank 0 stopped: another rank died or stopped responding")
+    assert f"rank 1 (PID {killed_rank['pid']} on " in lines[0] and "has exited" in lines[0]
     assert "SIGKILL" in err and "rank      : 1" in err
     assert killed_rank["steps_before"] < config.PRESETS["bandit"]["steps"]
 
@@ -282,6 +287,79 @@ def test_sigterm_during_a_checkpoint_write_on_2_ranks(tmp_path):
     assert [r["step"] for r in rows(out)] == [1, 2, 3, 4, 5]
 
 
+# rank 0 SIGKILLs rank 1 from inside the write of step 3's weights (a section that defers signals)
+# and stays there 3 s: torchrun's agent sees rank 1 die and SIGTERMs rank 0 before any collective
+# of rank 0 can fail, the side of the race that once lost the killed-rank test its line
+KILL_PEER_IN_CHECKPOINT = r"""
+import os, signal, sys, time
+from pathlib import Path
+import safetensors.torch
+from rpg_ref.cli import main
+pids = Path(os.environ["RPG_TEST_PIDS"])
+(pids / os.environ["RANK"]).write_text(str(os.getpid()))
+save_model = safetensors.torch.save_model
+def kill_peer_save_model(model, path, *a, **kw):
+    mine = "step_000003_%d/model.safetensors" % os.getpid()
+    if os.environ["RANK"] == "0" and path.endswith(mine):
+        os.kill(int((pids / "1").read_text()), signal.SIGKILL)
+        time.sleep(3.0)
+    return save_model(model, path, *a, **kw)
+safetensors.torch.save_model = kill_peer_save_model
+from rpg_ref.trainer.distributed import exit_process
+exit_process(main(sys.argv[1:]))
+"""
+
+
+def test_rank_stopped_by_torchrun_names_the_rank_that_died(tmp_path):
+    """Rank 1 dies while rank 0 is in a section that defers signals, so rank 0 learns of it from
+    torchrun's SIGTERM, not from a failed collective: its one line still says another rank died
+    and names rank 1 and its PID (not "interrupted")."""
+    script, out, pids = tmp_path / "kill_peer.py", tmp_path / "run", tmp_path / "pids"
+    script.write_text(KILL_PEER_IN_CHECKPOINT)
+    pids.mkdir()
+    p = torchrun([str(script), *BANDIT, "--steps", "6", "--save-every", "3", "--out", str(out)],
+                 env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+                      "RPG_TEST_PIDS": str(pids)})
+    try:
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("torchrun still running 300 s after its start") from None
+    lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+    assert p.returncode != 0 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("rpg-train: rank 0 stopped: another rank died or stopped responding")
+    assert "torchrun stopped this rank with SIGTERM" in lines[0], lines[0]
+    assert f"rank 1 (PID {(pids / '1').read_text()} on " in lines[0] and "has exited" in lines[0]
+    assert (out / "checkpoints" / "LATEST").read_text() == "step_000003"
+
+
+def test_a_torchrun_job_into_a_folder_in_use_is_refused_by_rank_0(tmp_path):
+    """Rank 0 takes the run folder's lock: a 2-rank job with the same flags into the folder of a
+    run that is still going (and has no checkpoint yet, so nothing else refuses it) ends with rank
+    0's one line naming that run's PID, and the run goes on unharmed."""
+    out = tmp_path / "run"
+    argv = [*BANDIT, "--steps", "100000", "--save-every", "100000", "--out", str(out)]
+    live = subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert live.poll() is None, live.stderr.read()
+            time.sleep(0.1)
+        p = torchrun(["-m", "rpg_ref.cli", *argv])
+        _, err = p.communicate(timeout=300)
+        lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+        assert p.returncode != 0 and len(lines) == 1, err[-3000:]
+        assert f"in use by another rpg-train (PID {live.pid} on " in lines[0]
+        assert live.poll() is None
+        live.send_signal(signal.SIGTERM)  # a clean stop: its rows end with a whole step
+        assert live.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        live.kill()
+        live.wait()
+    assert [r["step"] for r in rows(out)] == list(range(1, len(rows(out)) + 1))
+
+
 def test_resume_on_another_world_size_is_refused(bandit_2_ranks, capsys):
     """A 2-rank run resumed by one process is refused with one line naming both world sizes and
     the command to use (exit code 2), before anything is written."""
@@ -334,6 +412,8 @@ def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
     t_line, line = next((t, ln) for t, ln in lines if "rank 0 stopped" in ln)
     assert 5 <= t_line - t_stop < 30, t_line - t_stop
     assert "Timed out" in line
+    # the stopped rank is named: its heartbeat went quiet (torchrun's report names rank 0)
+    assert f"rank 1 (PID {pid} on " in line and "gave no sign of life for" in line, line
     assert p.wait(timeout=120) != 0
 
 

@@ -23,7 +23,7 @@ pytest.importorskip("safetensors")
 
 from rpg_ref import cli
 from rpg_ref.math.data import data_dir
-from rpg_ref.trainer import config
+from rpg_ref.trainer import config, run_folder
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress"]
 VOLATILE = ("time_", "_per_s", "peak_mem_mb")
@@ -416,7 +416,7 @@ def test_sigkill_at_twenty_random_moments_then_resume_is_bitwise_identical(tmp_p
     update, k random; a few by the parent after a random delay, wherever the run is), and resumed
     each time (rerun from scratch if it died before its config.json existed). Every chain ends with
     exactly the metrics (all but timings and memory) and bitwise the weights, reference weights and
-    optimizer state of an uninterrupted run."""
+    optimizer state of an uninterrupted run, and with no temporary file of a killed writer left."""
     from safetensors.torch import load_file
 
     rng, log, kills, chains = random.Random(20261122), tmp_path / "kills.log", 0, 0
@@ -449,6 +449,8 @@ def test_sigkill_at_twenty_random_moments_then_resume_is_bitwise_identical(tmp_p
                 break
         strip = lambda x: {k: v for k, v in x.items() if not any(s in k for s in VOLATILE)}
         assert [strip(x) for x in rows(out)] == [strip(x) for x in rows(ref)]
+        # what the killed writers left (temp folders, temp files) went when a resume took the lock
+        assert run_folder.leftovers(out) == [] and not (out / run_folder.LOCK).exists()
         ca, cb = ref / "checkpoints" / "step_000024", out / "checkpoints" / "step_000024"
         for f in ("model.safetensors", "ref.safetensors"):
             ta, tb = load_file(ca / f), load_file(cb / f)

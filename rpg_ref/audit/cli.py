@@ -22,6 +22,7 @@ import inspect
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -199,6 +200,23 @@ def check_args(args, policies: Policies) -> list[str]:
     return [e for e in errors if e]
 
 
+class Ticker:
+    """Prints the stage the audit is at to stderr, at most every EVERY seconds and only once the
+    audit has run that long: a slow loss shows where it is, a fast one prints nothing."""
+
+    EVERY = 5.0
+
+    def __init__(self):
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.EVERY:
+            self.last = now
+            print(f"rpg-audit: {text}; {now - self.start:.0f} s so far", file=sys.stderr,
+                  flush=True)
+
+
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -224,7 +242,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)                   # tiny tensors: more threads only add synchronization
     try:
         rows = audit(adapters, tuple(sorted(set(args.horizons))), args.seed, policies, objectives,
-                     fit=not args.no_fit)
+                     fit=not args.no_fit, progress=Ticker())
     except ValueError as e:  # a loss the audit cannot judge, or unreachable --max-ratio
         ap.exit(2, f"rpg-audit: error: {e}\n")
     except Exception as e:                     # the user's own code failing mid-audit

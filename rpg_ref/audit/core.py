@@ -192,6 +192,15 @@ def response_grads(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor) -
     return torch.zeros_like(leaf) if g is None else g.to(DTYPE) * len(leaf)
 
 
+def has_gradient(adapter: Adapter, prob: Problem) -> bool:
+    """Whether the loss's gradient with respect to logp is non-zero for some response, with the
+    rewards as advantages or with none (a loss that ignores logp, or is computed under no_grad or
+    detached, has none at all)."""
+    tok = prob.tokens(prob.theta)
+    return any(bool(response_grads(adapter, prob, tok, adv).ne(0).any())
+               for adv in (prob.R, torch.zeros_like(prob.R)))
+
+
 def expected_grad(adapter: Adapter, prob: Problem, adv: Tensor) -> Tensor:
     """sum_y pi_old(y) grad_theta loss({y}), flattened over the logits table."""
     th = prob.theta.detach().clone().requires_grad_(True)
@@ -334,6 +343,15 @@ class Case:
     draws: list = field(default_factory=list)    # [(Problem, cands)], built on first use
 
 
+def closest_class(errs: dict[str, float], targets: dict[str, Tensor]) -> list[str]:
+    """The candidate nearest to the KL part together with every candidate of the same gradient
+    (to MATCH_TOL), sorted: those are one objective here (UKL = KL for normalized policies; Σt =
+    sequence where they coincide), and which of them is nearest is decided by float rounding (it
+    differs between CPUs), so all are named."""
+    best = min(errs, key=errs.get)
+    return sorted(k for k in errs if rel_err(targets[k], targets[best]) <= MATCH_TOL)
+
+
 def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_reward: Tensor,
                tol: float = MATCH_TOL) -> dict:
     """Reward-part error and KL-part verdict of one adapter on one problem (single candidates)."""
@@ -352,7 +370,9 @@ def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_rewa
     matches, judged_at = sorted(k for k, e in errs.items() if e <= MATCH_TOL), MATCH_TOL
     if not matches and tol > MATCH_TOL:
         matches, judged_at = sorted(k for k, e in errs.items() if e <= tol), tol
-    closest = min(errs, key=errs.get)
+    targets = {k: adapter.beta * gd for k, gd in cands.items()}
+    targets |= {"-" + k: -t for k, t in targets.items() if k != "no-kl"}
+    closest = closest_class(errs, targets)
     reward_err = rel_err(g_r, -g_reward)
     return {
         "reward_rel_err": reward_err,
@@ -360,7 +380,7 @@ def audit_case(adapter: Adapter, prob: Problem, cands: dict[str, Tensor], g_rewa
         "kl_matches": matches,
         "kl_judged_at": judged_at,
         "kl_closest": closest,
-        "kl_closest_err": errs[closest],
+        "kl_closest_err": min(errs[k] for k in closest),
         "kl_all_zero": all(float(gd.norm()) < ZERO_NORM for gd in cands.values()),
         "kl_grad_norm": float(g_kl.norm()),
         "kl_errs": errs,

@@ -41,27 +41,32 @@ def describe_combination(terms: dict[str, float]) -> str:
     return "".join(_coef(c, i == 0) + label(k) for i, (k, c) in enumerate(terms.items()))
 
 
-def precision_note(row: dict, err: float) -> str:
-    """Said only where the verdict needed the loss's lower precision (nothing held to 1e-10)."""
+def precision_note(row: dict) -> str:
+    """Said only where the verdict needed the loss's lower precision (nothing held to 1e-10). The
+    error itself is left out: at float32 it is rounding, which differs between CPUs (the rows'
+    kl_match_err and kl_combination hold it)."""
     return "" if row.get("kl_judged_at", MATCH_TOL) <= MATCH_TOL else \
-        f" at {row['precision']} precision, error {err:.2g}"
+        f" at {row['precision']} precision"
 
 
 def kl_cell(row: dict) -> str:
     if row["kl_all_zero"] and row["kl_grad_norm"] < ZERO_NORM:
         return "0 (every D: 0)"
     if row["kl_matches"]:
-        return describe(row["kl_matches"]) + precision_note(row, row.get("kl_match_err") or 0.0)
+        return describe(row["kl_matches"]) + precision_note(row)
     combo = row.get("kl_combination")
     if combo:
         return (
             f"{describe_combination(combo['terms'])} (same coefficients on {combo['draws']} draws)"
-            + precision_note(row, combo["rel_err"])
+            + precision_note(row)
         )
     low = (
         "" if row.get("precision", "float64") == "float64" else f"; computed in {row['precision']}"
     )
-    return f"none (closest {label(row['kl_closest'])}: {row['kl_closest_err']:.2g}{low})"
+    if row["kl_all_zero"]:
+        # every candidate is 0 but the KL part is not: no candidate is closer than another
+        return f"none (every D: 0, ‖g‖ = {row['kl_grad_norm']:.2g}{low})"
+    return f"none (closest {describe(row['kl_closest'])}: {row['kl_closest_err']:.2g}{low})"
 
 
 def reward_cell(rows: list[dict]) -> str:
@@ -104,13 +109,14 @@ Reward part: relative error of g(A=R) - g(A=0) against -∇E[R] (sequence level)
 KL part: the D for which the loss's expected gradient at A=0 equals β∇D, i.e. the loss follows E[R] - β·D.
 (U)KL = KL and UKL give the same gradient (both are normalized here); "= Σt": the sequence divergence and the
 per-position sum coincide in this setting; "-D": the loss raises D (it follows E[R] + β·D); "none": no candidate
-within 1e-10, closest candidate and ||g - t|| / max(||g||, ||t||, 1e-4); "0 (every D: 0)": the KL gradient and every
-candidate's vanish (θ = θ_old, π_ref = π_old)."""  # noqa: E501
+within 1e-10, closest candidate (with every candidate of the same gradient, named as above) and
+||g - t|| / max(||g||, ||t||, 1e-4); "0 (every D: 0)": the KL gradient and every candidate's vanish (θ = θ_old,
+π_ref = π_old)."""  # noqa: E501
 
 LEGEND_MORE = """\
 "a·D1 + b·D2 (same coefficients on K draws)": no single D matches, but this one combination does on K independent
-draws of the policies (many more equations than unknowns). "at float32 precision, error e": the loss computes in
-float32; tolerances are 100 eps of its precision (1.2e-5) instead of 1e-10."""  # noqa: E501
+draws of the policies (many more equations than unknowns). "at float32 precision": the loss computes in float32
+and matched within 100 eps of its precision (1.2e-5), not within 1e-10."""  # noqa: E501
 
 
 def to_markdown(rows: list[dict]) -> str:

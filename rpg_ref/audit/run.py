@@ -16,6 +16,7 @@ from rpg_ref.audit.core import (
     audit_case,
     candidate_grads,
     check_mean_over_responses,
+    has_gradient,
     loss_precision,
     make_problem,
     precision_name,
@@ -27,9 +28,11 @@ from rpg_ref.audit.fit import fit_case
 
 def audit(adapters: list[Adapter], horizons=HORIZONS, seed: int = 0,
           policies: Policies = DEFAULT_POLICIES, objectives: dict[str, Objective] | None = None,
-          fit: bool = True) -> list[dict]:
-    """One row per adapter x setting x horizon (dicts, JSON-ready)."""
+          fit: bool = True, progress=None) -> list[dict]:
+    """One row per adapter x setting x horizon (dicts, JSON-ready). ``progress(text)`` is told
+    each stage before it starts (the command line prints it when a loss is slow)."""
     objectives = objectives or {}
+    progress = progress or (lambda text: None)
     cases = []
     for s in SETTINGS:
         for h in horizons:
@@ -48,8 +51,16 @@ def audit(adapters: list[Adapter], horizons=HORIZONS, seed: int = 0,
                 "audit it in float32 or float64"
             )
         tol = tolerance(precision)
+        if not has_gradient(ad, probe):
+            raise ValueError(
+                f"{ad.name}: the loss has no gradient with respect to logp (computed under "
+                "no_grad, detached, or not using logp): there is no objective to audit"
+            )
+        progress(f"{ad.name}: checking that the loss is a mean over its responses")
         check_mean_over_responses(ad, probe, tol)
-        for c in cases:
+        for i, c in enumerate(cases, 1):
+            progress(f"{ad.name}: case {i} of {len(cases)} (θ {c.setting.theta}, π_ref "
+                     f"{c.setting.ref}, H={c.horizon})")
             row = {"loss": ad.name, "level": ad.level, "code": ad.code, "own_code": ad.own_code,
                    "library": ad.library, "on_policy": c.setting.on_policy,
                    "ref_is_old": c.setting.ref_is_old, "horizon": c.horizon, "beta": ad.beta,

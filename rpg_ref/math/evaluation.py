@@ -206,8 +206,46 @@ def _validate(args) -> None:
         )
     if args.temperature == 0 and args.n > 1:
         raise ValueError("--temperature 0 (greedy) gives n identical samples: use --n 1 --k 1")
-    if not Path(args.model).is_dir():
-        raise ValueError(f"--model {args.model!r} is not a folder")
+    why = not_a_model(Path(args.model), tokenizer=args.tokenizer is None)
+    if why:
+        raise ValueError(f"--model {args.model!r} {why}")
+    if args.tokenizer is not None and not _has_tokenizer(Path(args.tokenizer)):
+        raise ValueError(f"--tokenizer {args.tokenizer}: no tokenizer there (tokenizer.json or "
+                         "tokenizer_config.json)")
+
+
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def not_a_model(folder: Path, tokenizer: bool = True) -> str | None:
+    """Why ``folder`` is not a Hugging Face checkpoint rpg-eval can load, as "is ..." / "has ..."
+    (None: it is one); for an rpg-train run folder, where its model is or how to export one."""
+    from rpg_ref.strict_json import loads
+
+    if not folder.is_dir():
+        return "is not a folder"
+    try:
+        config = loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    if (folder / "checkpoints").is_dir() or (isinstance(config, dict) and "algo" in config):
+        if (folder / "hf" / "config.json").is_file():
+            return f"is an rpg-train run folder; its exported model is {folder / 'hf'}: pass that"
+        return (f"is an rpg-train run folder, not a model; `python -m rpg_ref.export {folder}` "
+                f"exports a math run's policy as one")
+    if not isinstance(config, dict) or "model_type" not in config:
+        what = "no config.json" if config is None else "its config.json has no model_type"
+        return (f"is not a Hugging Face checkpoint folder ({what}); pass the folder that holds "
+                f"config.json, the weights and the tokenizer")
+    if not any(any(folder.glob(w)) for w in WEIGHTS):
+        return f"has no weights ({' or '.join(WEIGHTS)})"
+    if tokenizer and not _has_tokenizer(folder):
+        return "has no tokenizer (tokenizer.json or tokenizer_config.json); pass --tokenizer DIR"
+    return None
 
 
 def main(argv: list | None = None) -> int:

@@ -1,21 +1,32 @@
-"""Atomic checkpoints: everything a killed run needs to continue exactly where it was.
+"""Atomic, verified checkpoints: everything a killed run needs to continue exactly where it was.
 
 OUT/checkpoints/step_XXXXXX/ holds model.safetensors, ref.safetensors (--ref init), optimizer.pt,
 rng.pt (python, numpy, torch, CUDA and the prompt generator's states), sampler_lag.pt
-(--sampler-lag: rpg_ref.trainer.sampler_lag) and state.json (the step and the config). A
-checkpoint is written into a temporary folder and renamed into place; only then is
-OUT/checkpoints/LATEST replaced (also by a rename), so a crash at any moment leaves either the old
-or the new checkpoint, never a half-written one. The latest ``keep`` checkpoints are kept
-(--keep-checkpoints; 0 keeps all). A run resumed from it is bitwise identical on CPU
-to one that was never interrupted (tests/test_train.py).
+(--sampler-lag: rpg_ref.trainer.sampler_lag), state.json (the step and the config) and, written
+last, manifest.json: every other file's size and sha256 (per 128 MiB
+block, so that the blocks of a large checkpoint are hashed in parallel). A checkpoint is
+written into a temporary folder and renamed into place; only then is OUT/checkpoints/LATEST
+replaced (also by a rename), so a crash at any moment leaves either the old or the new checkpoint,
+never a half-written one. The latest ``keep`` checkpoints are kept (--keep-checkpoints; 0 keeps
+all). A run resumed from it is bitwise identical on CPU to one that was never interrupted
+(tests/test_train.py).
+
+Resume checks the manifest (``pick``): a checkpoint whose files are missing, truncated or differ
+in one bit is named in one line and the newest intact one is used instead (ResumeError, one line,
+when none is). A full disk ends the write with one line (DiskFull) and leaves no partial folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
+import math
 import os
 import random
 import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +34,28 @@ import torch
 
 from rpg_ref.strict_json import dumps, loads
 
+MANIFEST = "manifest.json"
+
+
+class ResumeError(ValueError):
+    """A run folder that cannot be continued as it is (one line naming the file)."""
+
+
+class DiskFull(OSError):
+    """No space left for a checkpoint (one line naming the folder and the bytes needed)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no orphan
+        raise
     os.replace(tmp, path)
 
 
@@ -67,26 +95,115 @@ def checkpoint_state(policy, ref, opt, gen: torch.Generator) -> dict:
     return {name: content for name, content in files.items() if content is not None}
 
 
+BLOCK = 1 << 27  # files are hashed in blocks of 128 MiB, all blocks in parallel threads
+
+
+def sha256(path: Path, start: int = 0, length: int | None = None) -> str:
+    """sha256 of ``length`` bytes of ``path`` from ``start`` (None: to the end)."""
+    h, left = hashlib.sha256(), math.inf if length is None else length
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        buf = bytearray(1 << 22)
+        view = memoryview(buf)
+        while left > 0 and (n := f.readinto(buf)):
+            n = int(min(n, left))
+            h.update(view[:n])  # releases the GIL: blocks hash in parallel
+            left -= n
+    return h.hexdigest()
+
+
+def block_hashes(paths: list[Path], block: int) -> list[list[str]]:
+    """Per file, the sha256 of each ``block`` bytes (one block for an empty file)."""
+    jobs = [(i, p, start) for i, p in enumerate(paths)
+            for start in range(0, max(p.stat().st_size, 1), block)]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = max(1, min(len(jobs), cpus or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        done = list(pool.map(lambda job: sha256(job[1], job[2], block), jobs))
+    out = [[] for _ in paths]
+    for (i, _, _), h in zip(jobs, done):
+        out[i].append(h)
+    return out
+
+
+def write_manifest(ck: Path) -> None:
+    """ck/manifest.json: the size and the block sha256s of every other file of folder ``ck``."""
+    files = sorted(p for p in ck.iterdir() if p.is_file() and p.name != MANIFEST)
+    entries = {p.name: {"bytes": p.stat().st_size, "sha256": h}
+               for p, h in zip(files, block_hashes(files, BLOCK))}
+    (ck / MANIFEST).write_text(dumps({"block_bytes": BLOCK, "files": entries}, indent=1))
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _stored_bytes(ck: Path) -> int:
+    return sum(p.stat().st_size for p in ck.iterdir() if p.is_file())
+
+
+def _mb(n: float) -> str:
+    """Bytes for people: 25.3 KiB, 1.2 GiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
 def save_checkpoint(out: Path, step: int, state: dict, cfg, keep: int = 1) -> None:
-    """Write ``state`` (checkpoint_state) as checkpoints/step_XXXXXX into a temp dir, rename it into
+    """Write ``state`` (checkpoint_state: {file name: content}, every file whatever its name) and
+    state.json as checkpoints/step_XXXXXX into a temp dir, its manifest last, rename it into
     place, point LATEST at it, then delete all but the latest ``keep`` checkpoints (0: keep all).
-    Only rank 0 writes; no collective."""
+    Only rank 0 writes; no collective. A full disk: DiskFull, the temp dir removed, LATEST and
+    the previous checkpoints untouched."""
     from safetensors.torch import save_model
 
     from rpg_ref.trainer import distributed as D
 
     if not D.is_main():
         return
+    bad = [name for name, m in state.items() if isinstance(m, torch.nn.Module)
+           and not all(bool(torch.isfinite(p).all()) for p in m.parameters())]
+    if bad:  # never saved: a resume must start from finite weights
+        from rpg_ref.trainer.metrics import Diverged, flag_advice
+
+        raise Diverged(f"step {step}: the weights to save in {', '.join(bad)} are not finite: "
+                       f"training diverged; {flag_advice(cfg)}")
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, content in state.items():
-        (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
-    (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg),
-                                                "world_size": D.world()}))
+    try:
+        tmp.mkdir()
+        for name, content in state.items():
+            (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
+        (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg),
+                                               "world_size": D.world()}))
+        write_manifest(tmp)
+    except BaseException as e:
+        # torch.save reports a full disk as "unexpected pos": judged by the space left as well
+        full = isinstance(e, Exception) and (
+            getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+            or shutil.disk_usage(root).free < 2**20)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        prev, _ = pick(out, full=False)
+        need = max(_tensor_bytes(state), _stored_bytes(prev) if prev else 0)
+        kept = f"the checkpoint {prev.name} is intact" if prev else "no checkpoint yet"
+        raise DiskFull(errno.ENOSPC, f"no space left in {root}: the checkpoint of step {step} "
+                       f"needs about {_mb(need)}, {_mb(shutil.disk_usage(root).free)} are free; "
+                       f"{kept}; free some space and continue with: rpg-train --resume {out}"
+                       ) from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     atomic_write(root / "LATEST", final.name)
@@ -97,41 +214,182 @@ def save_checkpoint(out: Path, step: int, state: dict, cfg, keep: int = 1) -> No
         shutil.rmtree(old, ignore_errors=True)
 
 
+# =============================================================================================
+# resume: which checkpoint, verified
+# =============================================================================================
+
+
+def _state(ck: Path) -> tuple[dict | None, str | None]:
+    """(ck/state.json, None), or (None, what is wrong with it)."""
+    try:
+        st = loads((ck / "state.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}"
+    if not isinstance(st, dict) or type(st.get("step")) is not int:
+        return None, "no integer 'step'"
+    return st, None
+
+
+def read_state(ck: Path) -> dict:
+    """ck/state.json; ResumeError naming the file when it is not what save_checkpoint wrote."""
+    st, why = _state(ck)
+    if why:
+        raise ResumeError(f"{ck / 'state.json'} is not a checkpoint's state ({why})")
+    return st
+
+
+def problem(ck: Path, full: bool = True) -> str | None:
+    """What is wrong with checkpoint folder ``ck`` (None: intact). ``full``: every file's sha256
+    too, else only the sizes (cheap). A folder without manifest.json (written before checkpoints
+    had one) is checked for its files only."""
+    path = ck / MANIFEST
+    try:
+        manifest = loads(path.read_text())
+        files, block = manifest["files"], int(manifest["block_bytes"])
+        sizes = {k: int(v["bytes"]) for k, v in files.items()}
+    except FileNotFoundError:
+        files = sizes = None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    for name in sizes or ("model.safetensors", "optimizer.pt", "rng.pt", "state.json"):
+        if not (ck / name).is_file():
+            return f"{name} is missing"
+    for name, n in (sizes or {}).items():
+        got = (ck / name).stat().st_size
+        if got != n:
+            return f"{name} has {got} bytes, its manifest says {n} (" + (
+                "truncated)" if got < n else "grown)")
+    if files is not None and full:
+        names = sorted(files)
+        for name, h in zip(names, block_hashes([ck / n for n in names], block)):
+            if h != files[name]["sha256"]:
+                return f"{name} differs from its manifest's sha256 (a changed byte)"
+    _, why = _state(ck)
+    return None if why is None else f"state.json is unreadable ({why})"
+
+
+def pick(out: Path, full: bool = True) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume run folder ``out`` from: the one LATEST names, else (damaged,
+    LATEST empty or naming a missing folder) the newest intact one; and a line for each one passed
+    over. (None, notes): no checkpoint (notes empty: none was ever written)."""
+    root = out / "checkpoints"
+    notes, first = [], None
+    latest = root / "LATEST"
+    if latest.exists():
+        try:
+            name = latest.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            name = ""
+            notes.append(f"{latest} is unreadable ({e})")
+        if not name:
+            notes += [] if notes else [f"{latest} is empty"]
+        elif not name.startswith("step_") or not (root / name).is_dir():
+            notes.append(f"{latest} names {name!r}, which is not a checkpoint folder there")
+        else:
+            first = root / name
+    found = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    if first is not None:  # LATEST's, then older ones (newer ones predate a resume: never used)
+        found = [first] + [p for p in found if p.name < first.name]
+    elif found and not latest.exists():
+        notes.append(f"{latest} is missing")
+    for ck in found:
+        why = problem(ck, full)
+        if why is None:
+            return ck, notes
+        notes.append(f"checkpoint {ck.name} is damaged: {why}")
+    return None, notes
+
+
+def latest_state(out: Path) -> dict | None:
+    """state.json of the checkpoint a resume of ``out`` would start from, sizes checked but not
+    hashes (cheap); None when there is none."""
+    ck, _ = pick(out, full=False)
+    return None if ck is None else read_state(ck)
+
+
 def latest_step(out: Path) -> int:
-    """The step of run folder ``out``'s latest checkpoint (0: none yet)."""
-    latest = out / "checkpoints" / "LATEST"
-    if not latest.exists():
-        return 0
-    return loads((latest.parent / latest.read_text().strip() / "state.json").read_text())["step"]
+    """The step of run folder ``out``'s latest usable checkpoint (0: none)."""
+    st = latest_state(out)
+    return 0 if st is None else st["step"]
+
+
+_LOADED: dict[Path, Path] = {}  # resolved run folder -> the checkpoint load_checkpoint used
 
 
 def latest_checkpoint(out: Path) -> Path:
-    """The folder of run folder ``out``'s latest checkpoint (where LATEST points)."""
-    root = out / "checkpoints"
-    return root / (root / "LATEST").read_text().strip()
+    """The checkpoint folder a resume of ``out`` continues from: the one load_checkpoint loaded
+    in this process (after its verification and fallback), else the newest whose files have
+    their sizes. Files a feature adds to a checkpoint are read from here, so that they come from
+    the same step as the weights."""
+    if Path(out).resolve() in _LOADED:
+        return _LOADED[Path(out).resolve()]
+    ck, notes = pick(Path(out), full=False)
+    if ck is None:
+        raise ResumeError(f"--resume {out}: no checkpoint in {Path(out) / 'checkpoints'}"
+                          + (f" ({'; '.join(notes)})" if notes else ""))
+    return ck
+
+
+def _choose(out: Path) -> tuple[str | None, str | None]:
+    """(folder to load, line to print) or (None, error line); (None, None): nothing to load."""
+    ck, notes = pick(out, full=True)
+    if ck is None:
+        if not notes:
+            return None, None
+        return None, (f"--resume {out}: no intact checkpoint in {out / 'checkpoints'}: "
+                      f"{'; '.join(notes)}; start the run again with another --out")
+    note = (f"rpg-train: {'; '.join(notes)}; resuming from {ck.name}, the newest intact checkpoint"
+            if notes else None)
+    return str(ck), note
+
+
+def _from_rank_0(fn):
+    """fn() on rank 0, its result sent to every rank of a torchrun job; one process: fn()."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return fn()
+    box = [fn() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, 0)
+    return box[0]
+
+
+def _loading(out: Path, path: Path, load):
+    """load(path), its failure one line naming the file (a checkpoint without a manifest, or one
+    of another model or optimizer: safetensors, pickle and torch each raise their own)."""
+    try:
+        return load(path)
+    except Exception as e:  # noqa: BLE001 - reported in one line
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ResumeError(f"--resume {out}: {path} cannot be loaded ({why})") from None
 
 
 def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
-    """Restore the latest checkpoint of run folder ``out``; returns its step (0: none yet)."""
+    """Restore the checkpoint ``pick`` chooses in run folder ``out`` (verified against its
+    manifest); returns its step (0: none yet). ResumeError (one line) when none is intact."""
     from safetensors.torch import load_model
 
-    root = out / "checkpoints"
-    if not (root / "LATEST").exists():
-        return 0
-    ck = root / (root / "LATEST").read_text().strip()
     from rpg_ref.trainer import distributed as D
 
+    ck, line = _from_rank_0(lambda: _choose(out))  # rank 0 verifies, every rank loads that one
+    if ck is None:
+        if line is not None:
+            raise ResumeError(line)
+        return 0
+    if line and D.is_main():
+        print(line, file=sys.stderr, flush=True)
+    ck = Path(ck)
+    step = read_state(ck)["step"]
+    _LOADED[Path(out).resolve()] = ck
     if D.active():  # a sharded run: every rank loads its shards (rpg_ref.trainer.distributed)
-        st = D.load_full_states(ck, policy, ref, opt)
-        set_rng_state(st)
-        gen.set_state(st["prompt_gen"])
-        return loads((ck / "state.json").read_text())["step"]
-    dev = str(next(policy.parameters()).device)
-    load_model(policy, str(ck / "model.safetensors"), device=dev)
-    if ref is not None:
-        load_model(ref, str(ck / "ref.safetensors"), device=dev)
-    opt.load_state_dict(torch.load(ck / "optimizer.pt", weights_only=True))
-    st = torch.load(ck / "rng.pt", weights_only=True)
-    set_rng_state(st)
-    gen.set_state(st["prompt_gen"])
-    return loads((ck / "state.json").read_text())["step"]
+        st = _loading(out, ck, lambda p: D.load_full_states(p, policy, ref, opt))
+    else:
+        dev = str(next(policy.parameters()).device)
+        _loading(out, ck / "model.safetensors", lambda p: load_model(policy, str(p), device=dev))
+        if ref is not None:
+            _loading(out, ck / "ref.safetensors", lambda p: load_model(ref, str(p), device=dev))
+        _loading(out, ck / "optimizer.pt",
+                 lambda p: opt.load_state_dict(torch.load(p, weights_only=True)))
+        st = _loading(out, ck / "rng.pt", lambda p: torch.load(p, weights_only=True))
+    _loading(out, ck / "rng.pt", lambda p: (set_rng_state(st), gen.set_state(st["prompt_gen"])))
+    return step

@@ -43,24 +43,29 @@ rank 0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 from __future__ import annotations
 
 import gc
+import math
+import re
 import resource
+import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from rpg_ref.strict_json import dumps, loads
-from rpg_ref.trainer.checkpoint import atomic_write
+from rpg_ref.strict_json import dumps, loads, step_rows
+from rpg_ref.trainer import distributed as D
+from rpg_ref.trainer.checkpoint import ResumeError, atomic_write
 
 
 class MetricsLog:
     """OUT/metrics.jsonl (+ TensorBoard). On resume, rows after the checkpoint's step are
-    dropped."""
+    dropped, and the rows kept must be steps 1..checkpoint, each once (ResumeError otherwise: a
+    run never continues with a hole in its record)."""
 
     def __init__(self, out: Path, start_step: int, tensorboard: bool):
         self.path = out / "metrics.jsonl"
-        if self.path.exists():
-            keep = [ln for ln in self._lines() if loads(ln)["step"] <= start_step]
+        if self.path.exists() or start_step:
+            keep = continuous_rows(self.path, start_step)
             atomic_write(self.path, "".join(ln + "\n" for ln in keep))
         self.tb = None
         if tensorboard:
@@ -86,6 +91,106 @@ class MetricsLog:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self.tb.add_scalar(k, v, row["step"])
+
+
+def continuous_rows(path: Path, start: int) -> list[str]:
+    """The lines of steps 1..start, in order; ResumeError (one line: file:line for a bad row, else
+    the missing or repeated steps) when they are not exactly those steps."""
+    try:
+        rows = step_rows(path)
+    except ValueError as e:
+        raise ResumeError(str(e)) from None
+    keep = [line for _, row, line in rows if row["step"] <= start]
+    steps = [row["step"] for _, row, _ in rows if row["step"] <= start]
+    if steps == list(range(1, start + 1)):
+        return keep
+    if not path.exists():
+        what = "is missing"
+    else:
+        missing = sorted(set(range(1, start + 1)) - set(steps))
+        twice = sorted({s for s in steps if steps.count(s) > 1})
+        what = ", ".join(
+            ([f"lacks the rows of steps {_ranges(missing)}"] if missing else [])
+            + ([f"holds steps {_ranges(twice)} more than once"] if twice else [])
+        ) or "has its rows out of order"
+    raise ResumeError(f"{path} {what}, but the checkpoint is at step {start}: a resumed run would "
+                      f"have a hole in its record; restore the file, or start the run again "
+                      f"with another --out")
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    out, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+class Diverged(RuntimeError):
+    """Training produced non-finite values: the run stops (one line naming the step and flags)."""
+
+
+def flag_advice(cfg) -> str:
+    """The flags that most often make a run diverge, with their values."""
+    clip = "" if cfg.grad_clip > 0 else f" or set --grad-clip > 0 (now {cfg.grad_clip:g}: off)"
+    return f"lower --lr (now {cfg.lr:g}){clip}"
+
+
+def failure_line(e: BaseException, out: Path, cfg, params) -> str | None:
+    """One line for an error raised inside a step because values became non-finite (a sampler or
+    a loss refusing NaN log-probs after an update blew the weights up); None for other errors."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    weights_bad = not all(bool(torch.isfinite(p.detach()).all()) for p in local)
+    said = re.search(r"non-finite|\b(nan|inf)\b", str(e), re.IGNORECASE)
+    if not (weights_bad or said):
+        return None
+    step = last_step(out / "metrics.jsonl") + 1
+    what = "the weights are not finite" if weights_bad else "values became non-finite"
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    return (f"step {step}: {what} ({type(e).__name__}: {first}): training diverged; "
+            f"{flag_advice(cfg)}")
+
+
+def last_step(path: Path) -> int:
+    """The step of the last complete row of a metrics file (0: none, or a file that is no log)."""
+    try:
+        rows = step_rows(path)
+    except (OSError, ValueError):
+        return 0
+    return rows[-1][1]["step"] if rows else 0
+
+
+class Watch:
+    """Reads each step's row (values the loop has already computed, so it costs nothing): a
+    non-finite loss, gradient norm or entropy stops the run (Diverged) before the row and the
+    checkpoint are written; a zero gradient on every update of ZERO_STEPS steps in a row prints
+    one warning."""
+
+    ZERO_STEPS = 3
+
+    def __init__(self, cfg):
+        self.cfg, self.zero, self.warned = cfg, [], False
+
+    def check(self, row: dict) -> None:
+        keys = ("entropy", "loss", "grad_norm") if row.get("updates") else ("entropy",)
+        bad = [k for k in keys if not math.isfinite(row[k])]
+        if bad:
+            raise Diverged(f"step {row['step']}: {' and '.join(f'{k} is {row[k]}' for k in bad)}: "
+                           f"training diverged; {flag_advice(self.cfg)}")
+        if row.get("updates") and row["grad_norm"] == 0:
+            self.zero.append(row["step"])
+        else:
+            self.zero = []
+        if len(self.zero) >= self.ZERO_STEPS and not self.warned and D.is_main():
+            self.warned = True
+            print(f"rpg-train: warning: steps {self.zero[0]}-{self.zero[-1]}: every update had a "
+                  f"zero gradient (mean reward {row['reward']:.3g}, entropy "
+                  f"{row['entropy']:.3g}): the policy is not learning; if it diverged, "
+                  f"{flag_advice(self.cfg)}", file=sys.stderr, flush=True)
 
 
 class Progress:

@@ -66,7 +66,13 @@ from rpg_ref.trainer.checkpoint import (
 )
 from rpg_ref.trainer.config import Config, loss_options, resolved_adv
 from rpg_ref.trainer.interrupts import signals_deferred
-from rpg_ref.trainer.metrics import MetricsLog, Progress, live_parameter_count, peak_memory_mb
+from rpg_ref.trainer.metrics import (
+    MetricsLog,
+    Progress,
+    Watch,
+    live_parameter_count,
+    peak_memory_mb,
+)
 from rpg_ref.trainer.rollout_correction import weights_for_batch
 from rpg_ref.trainer.sampler_lag import build_engine, checkpoint_files
 from rpg_ref.trainer.shaping import overlong_penalty
@@ -322,6 +328,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     row = log.last_row() if log else {}  # {} for a new run
     last_eval = {k: v for k, v in row.items() if k.startswith("eval_")}
     live_params, t_run = None, time.perf_counter()
+    watch = Watch(cfg)  # non-finite values stop the run; a gradient that stays 0 is reported
 
     for step in range(start + 1, cfg.steps + 1):
         t_step = time.perf_counter()
@@ -385,6 +392,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         row["peak_mem_mb"] = distributed.max_over_ranks(peak_memory_mb(device))  # largest rank's
         if live_params is None:
             live_params = live_parameter_count()
+        watch.check(row)  # before the row and the checkpoint are written
         ckpt = None
         if step % cfg.save_every == 0 or step == cfg.steps:
             bar.phase("checkpoint")

@@ -1,0 +1,584 @@
+"""A run folder no one can corrupt: one writer (rpg_ref/trainer/run_folder.py), verified
+checkpoints and their fallback (rpg_ref/trainer/checkpoint.py), continuous metric rows, a full
+disk, leftovers of killed writers, and runs whose values stop being finite (rpg_ref/trainer/
+metrics.py). Every failure is one line.
+
+Runs use the bandit task (1 thread, a constant learning rate: a run resumed from an older
+checkpoint recomputes bitwise the same rows); the lock tests start real rpg-train processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("safetensors")
+
+from rpg_ref import cli
+from rpg_ref.trainer import checkpoint, metrics, run_folder
+
+BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress",
+          "--threads", "1", "--lr-decay", "constant"]
+VOLATILE = ("time_", "_per_s", "peak_mem_mb", "eval_")  # eval_: the last step's, here or not
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rows(out) -> list:
+    return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def steps(out) -> list:
+    return [r["step"] for r in rows(out)]
+
+
+def strip(rs: list) -> list:
+    return [{k: v for k, v in r.items() if not any(s in k for s in VOLATILE)} for r in rs]
+
+
+def one_line(err: str) -> str:
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_process_left():
+    """A failing test leaves no run going (the lock tests start runs of 100000 steps)."""
+    yield
+    for p in STARTED:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    STARTED.clear()
+
+
+def rpg_train(argv: list) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    STARTED.append(p)
+    return p
+
+
+def wait_for(cond, p: subprocess.Popen | None = None, timeout: float = 300) -> None:
+    t0 = time.time()
+    while not cond():
+        assert p is None or p.poll() is None, p.stderr.read() if p else ""
+        assert time.time() - t0 < timeout, "timed out"
+        time.sleep(0.05)
+
+
+def latest(out: Path) -> str:
+    try:
+        return (out / "checkpoints" / "LATEST").read_text().strip()
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------------------------------
+# one writer per folder
+# ------------------------------------------------------------------------------------------
+
+
+LONG = ["--steps", "100000", "--save-every", "1"]  # still going whatever the load: stopped below
+
+
+def stop(p: subprocess.Popen) -> None:
+    """SIGTERM a run that is still going (it ends cleanly, exit code 143)."""
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=300) == 128 + signal.SIGTERM, p.stderr.read()
+
+
+def test_two_runs_started_together_one_writes_the_other_is_refused(tmp_path):
+    """Two rpg-train into one --out started at the same moment: one is refused (exit 2) with one
+    line naming the other's PID; the other runs on (stopped here by SIGTERM) with rows 1..N, each
+    once."""
+    out = tmp_path / "same"
+    ps = [rpg_train([*BANDIT, *LONG, "--out", str(out)]) for _ in range(2)]
+    wait_for(lambda: any(p.poll() is not None for p in ps))
+    loser = next(p for p in ps if p.poll() is not None)
+    winner = next(p for p in ps if p is not loser)
+    assert loser.returncode == 2
+    assert f"in use by another rpg-train (PID {winner.pid} on" in one_line(loser.stderr.read())
+    wait_for(lambda: latest(out) >= "step_000003", winner)
+    stop(winner)
+    assert steps(out) == list(range(1, len(rows(out)) + 1)) and len(rows(out)) >= 3
+
+
+def test_a_second_run_3_s_later_is_refused_and_changes_nothing(tmp_path):
+    """A second run with another seed and learning rate, 3 s after the first: refused in one line
+    naming the first's PID, whatever the first has written by then; the first keeps its config
+    and its rows 1..N."""
+    out = tmp_path / "run"
+    first = rpg_train([*BANDIT, *LONG, "--out", str(out)])
+    time.sleep(3)
+    second = rpg_train([*BANDIT, *LONG, "--seed", "7", "--lr", "0.1", "--out", str(out)])
+    assert second.wait(timeout=300) == 2
+    assert f"(PID {first.pid} on" in one_line(second.stderr.read())
+    wait_for(lambda: latest(out) >= "step_000003", first)
+    stop(first)
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["seed"] == 0 and stored["lr"] == 0.05
+    assert steps(out) == list(range(1, len(rows(out)) + 1))
+
+
+def test_resume_of_a_live_run_is_refused(tmp_path):
+    """--resume of a run that is still going: one line naming its PID, exit 2; the live run's rows
+    stay 1..N, each once."""
+    out = tmp_path / "run"
+    live = rpg_train([*BANDIT, *LONG, "--out", str(out)])
+    wait_for(lambda: latest(out) >= "step_000002", live)
+    second = rpg_train(["--resume", str(out), "--steps", "200000"])
+    assert second.wait(timeout=300) == 2
+    assert f"(PID {live.pid} on" in one_line(second.stderr.read())
+    stop(live)
+    assert steps(out) == list(range(1, len(rows(out)) + 1))
+
+
+def test_kill_9_releases_the_folder_and_resume_cleans_leftovers(tmp_path):
+    """SIGKILL of a run: the lock goes with the process (the resume is not refused), the
+    temporary files of dead writers are removed once the lock is held, and the resumed run's rows
+    are exactly 1..N."""
+    out = tmp_path / "run"
+    p = rpg_train([*BANDIT, *LONG, "--out", str(out)])
+    wait_for(lambda: latest(out) >= "step_000005", p)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=60)
+    ck = out / "checkpoints"
+    planted = [ck / ".tmp_step_000099_4242", ck / ".LATEST.tmp4242", out / ".config.json.tmp4242",
+               out / ".metrics.jsonl.tmp4242"]
+    planted[0].mkdir()
+    (planted[0] / "model.safetensors").write_bytes(b"x" * 1000)
+    for f in planted[1:]:
+        f.write_text("left by a writer that died")
+    n = checkpoint.latest_step(out) + 3
+    assert cli.main(["--resume", str(out), "--steps", str(n)]) == 0
+    assert not run_folder.leftovers(out) and not any(f.exists() for f in planted)
+    assert steps(out) == list(range(1, n + 1))
+    assert not (out / run_folder.LOCK).exists()  # a run that ended released and removed it
+
+
+LOCK_AND_FORK = textwrap.dedent("""
+    import os, sys, time
+    from rpg_ref.trainer import run_folder
+    run_folder.claim(sys.argv[1])
+    if os.fork() == 0:
+        time.sleep(60)  # a helper the run forked (no exec), outliving it
+        os._exit(0)
+    print("held", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_forked_child_does_not_keep_a_killed_runs_lock(tmp_path):
+    """The process holding the lock forks a child, then is SIGKILLed: the folder can be claimed
+    at once although the child lives on."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-c", LOCK_AND_FORK, str(out)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "held"
+    with pytest.raises(run_folder.FolderBusy, match=f"PID {p.pid} on"):
+        run_folder.claim(out)
+    children = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    try:
+        assert children and Path(f"/proc/{children[0]}").exists()  # the child is still there
+        run_folder.claim(out).release()
+    finally:
+        for c in children:
+            os.kill(int(c), signal.SIGKILL)
+
+
+def test_a_run_refused_after_claiming_a_new_folder_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """The lock is taken before the run's inputs are read (creating OUT when it does not exist);
+    a run refused then (here by a failing prepare) removes what it created."""
+    out = tmp_path / "a" / "b" / "run"
+
+    def refuse(cfg):
+        assert (out / run_folder.LOCK).exists()  # held while the inputs are checked
+        raise ValueError("bad data, for the test")
+
+    monkeypatch.setattr(cli, "prepare", refuse)
+    assert cli.main([*BANDIT, "--out", str(out)]) == 2
+    assert one_line(capsys.readouterr().err) == "rpg-train: bad data, for the test"
+    assert not (tmp_path / "a").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# verified checkpoints
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """20 steps, a checkpoint every 5 (all kept)."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    argv = [*BANDIT, "--steps", "20", "--save-every", "5", "--keep-checkpoints", "0"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def run(base, tmp_path) -> Path:
+    """A copy of base as a killed run leaves it: the step-20 checkpoint written, no summary."""
+    out = tmp_path / "run"
+    shutil.copytree(base, out)
+    (out / "summary.json").unlink()
+    return out
+
+
+def ck(out: Path, step: int) -> Path:
+    return out / "checkpoints" / f"step_{step:06d}"
+
+
+def flip_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def blocks_sha256(data: bytes, block: int) -> list[str]:
+    return [hashlib.sha256(data[i:i + block]).hexdigest()
+            for i in range(0, max(len(data), 1), block)]
+
+
+def test_every_checkpoint_file_is_in_its_manifest(base):
+    """manifest.json lists every other file of the folder, with its size and the sha256 of each
+    of its blocks (computed here with hashlib)."""
+    for step in (5, 10, 15, 20):
+        folder = ck(base, step)
+        manifest = json.loads((folder / checkpoint.MANIFEST).read_text())
+        files = manifest["files"]
+        assert set(files) == {p.name for p in folder.iterdir()} - {checkpoint.MANIFEST}
+        for name, entry in files.items():
+            data = (folder / name).read_bytes()
+            assert entry["bytes"] == len(data)
+            assert entry["sha256"] == blocks_sha256(data, manifest["block_bytes"])
+
+
+def test_a_changed_byte_in_any_block_of_a_file_is_caught(tmp_path, monkeypatch):
+    """Blocks of 1000 bytes: a file of several blocks is listed block by block, and a changed
+    byte in its last block is caught as well as one in its first."""
+    monkeypatch.setattr(checkpoint, "BLOCK", 1000)
+    out = tmp_path / "o"
+    cfg = cli.parse_config([*BANDIT, "--out", str(out)])
+    checkpoint.save_checkpoint(out, 1, {"opt.pt": {"x": torch.arange(2000.0)}}, cfg)
+    folder = ck(out, 1)
+    data = (folder / "opt.pt").read_bytes()
+    entry = json.loads((folder / "manifest.json").read_text())["files"]["opt.pt"]
+    assert len(entry["sha256"]) == -(-len(data) // 1000) >= 8
+    assert entry["sha256"] == blocks_sha256(data, 1000)
+    for at in (10, len(data) - 10):
+        (folder / "opt.pt").write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+        assert "opt.pt differs from its manifest" in checkpoint.problem(folder)
+    (folder / "opt.pt").write_bytes(data)
+    assert checkpoint.problem(folder) is None
+
+
+def test_manifest_covers_files_added_to_the_state_dict(tmp_path):
+    """A file the state dict carries under any name (as a feature that adds its own files does)
+    is written, listed and verified like the others."""
+    out = tmp_path / "o"
+    cfg = cli.parse_config([*BANDIT, "--out", str(out)])
+    state = {"model.safetensors": torch.nn.Linear(2, 2), "sampler_lag.pt": {"x": torch.ones(3)}}
+    checkpoint.save_checkpoint(out, 1, state, cfg)
+    assert "sampler_lag.pt" in json.loads((ck(out, 1) / "manifest.json").read_text())["files"]
+    assert checkpoint.problem(ck(out, 1)) is None
+    flip_bit(ck(out, 1) / "sampler_lag.pt")
+    assert "sampler_lag.pt differs from its manifest" in checkpoint.problem(ck(out, 1))
+
+
+CHECKPOINT_FILES = ["model.safetensors", "optimizer.pt", "rng.pt", "state.json", "manifest.json"]
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_FILES)
+def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, capsys, name):
+    """One bit flipped in any file of the latest checkpoint: resume says so in one line naming
+    the file and continues from the newest intact checkpoint (step 15); steps 16-20 are computed
+    again and equal the original run's, bitwise."""
+    flip_bit(ck(run, 20) / name)
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 0
+    err = one_line(capsys.readouterr().err)
+    assert "checkpoint step_000020 is damaged" in err and "resuming from step_000015" in err
+    assert (name if name != "manifest.json" else "manifest") in err
+    assert steps(run) == list(range(1, 23))
+    assert strip(rows(run)[:20]) == strip(rows(base))
+    # where files a feature adds to a checkpoint are read on resume: the same step as the weights
+    assert checkpoint.latest_checkpoint(run) == ck(run, 15)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng.pt"])
+def test_a_truncated_file_with_no_older_checkpoint_is_one_line(run, capsys, name):
+    """A truncated file and no other checkpoint: exit 2, one line naming the file and its size;
+    nothing is written."""
+    for step in (5, 10, 15):
+        shutil.rmtree(ck(run, step))
+    path = ck(run, 20) / name
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    before = (run / "metrics.jsonl").read_bytes()
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "no intact checkpoint" in err and f"{name} has {size // 2} bytes" in err, err
+    assert (run / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_checkpoint_without_manifest_that_cannot_be_loaded_is_one_line(run, capsys):
+    """A folder without manifest.json (written before checkpoints had one) is loaded as it is;
+    a truncated file in it ends in one line naming the file, not a traceback."""
+    for step in (5, 10, 15):
+        shutil.rmtree(ck(run, step))
+    (ck(run, 20) / "manifest.json").unlink()
+    path = ck(run, 20) / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:40])
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    assert "model.safetensors cannot be loaded" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("latest,said", [("", "LATEST is empty"),
+                                         ("step_000030", "names 'step_000030'"),
+                                         (None, "LATEST is missing")])
+def test_a_bad_latest_falls_back_to_the_newest_intact_checkpoint(run, base, capsys, latest, said):
+    """LATEST empty, naming a folder that does not exist, or missing: one line, and the newest
+    intact checkpoint (step 20) is used."""
+    path = run / "checkpoints" / "LATEST"
+    path.unlink() if latest is None else path.write_text(latest)
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 0
+    err = one_line(capsys.readouterr().err)
+    assert said in err and "resuming from step_000020" in err
+    assert strip(rows(run)[:20]) == strip(rows(base))
+
+
+def test_a_corrupt_state_json_in_an_unverified_checkpoint_is_named(run, capsys):
+    """A state.json that is no JSON, in a checkpoint without manifest: its name in one line."""
+    for step in (5, 10, 15):
+        shutil.rmtree(ck(run, step))
+    (ck(run, 20) / "manifest.json").unlink()
+    (ck(run, 20) / "state.json").write_text('{"step": 20\n "config"')
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "state.json is unreadable" in err
+
+
+@pytest.mark.parametrize("field,value", [("lr", "fast"), ("steps", "many"), ("seed", None)])
+def test_a_mistyped_config_json_is_one_line(run, capsys, field, value):
+    """A mistyped value in OUT/config.json: exit 2, one line naming the file."""
+    path = run / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg[field] = value
+    path.write_text(json.dumps(cfg))
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    assert str(path) in one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------
+# metric rows: 1..checkpoint, each once
+# ------------------------------------------------------------------------------------------
+
+
+def test_deleted_metric_rows_are_refused(run, capsys):
+    """Rows 8-12 deleted: resume refuses in one line naming them; nothing is written."""
+    text = "".join(json.dumps(r) + "\n" for r in rows(run) if not 8 <= r["step"] <= 12)
+    (run / "metrics.jsonl").write_text(text)
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    assert "lacks the rows of steps 8-12" in one_line(capsys.readouterr().err)
+    assert (run / "metrics.jsonl").read_text() == text
+
+
+def test_a_deleted_metrics_file_is_refused(run, capsys):
+    (run / "metrics.jsonl").unlink()
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    assert "metrics.jsonl is missing" in one_line(capsys.readouterr().err)
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_repeated_rows_and_a_bad_row_are_refused(run, capsys):
+    """Rows written twice (two writers mixed) and a row that is not JSON (file:line)."""
+    good = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(good[:5] + good[3:]))
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    assert "holds steps 4-5 more than once" in one_line(capsys.readouterr().err)
+    (run / "metrics.jsonl").write_text("".join(good[:6] + ['{"step": 7, "reward": }\n'] + good[7:]))
+    assert cli.main(["--resume", str(run), "--steps", "22"]) == 2
+    assert f"{run / 'metrics.jsonl'}:7: not a metrics row" in one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------
+# a full disk
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (needs root; CI's fault-injecting test below covers machines without)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()[:80]})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_on_a_small_filesystem(small_disk, capsys):
+    """A checkpoint that does not fit: one line naming the folder and the bytes needed; the
+    previous checkpoint intact, LATEST on it, no partial folder; once space is freed the resume
+    continues with rows 1..N."""
+    out = small_disk / "run"
+    argv = [*BANDIT, "--steps", "5", "--save-every", "5", "--out", str(out)]
+    assert cli.main(argv) == 0
+    (out / "summary.json").unlink()
+    ballast = small_disk / "ballast"
+    free = shutil.disk_usage(small_disk).free
+    ballast.write_bytes(b"\0" * (free - 24 * 1024))  # room for rows, not for a checkpoint
+    capsys.readouterr()
+    assert cli.main(["--resume", str(out), "--steps", "10", "--save-every", "5"]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert f"no space left in {out / 'checkpoints'}" in err and "needs about" in err, err
+    assert "step_000005 is intact" in err
+    assert latest(out) == "step_000005" and checkpoint.problem(ck(out, 5)) is None
+    assert not run_folder.leftovers(out) and not ck(out, 10).exists()
+    ballast.unlink()
+    assert cli.main(["--resume", str(out), "--steps", "10"]) == 0
+    assert steps(out) == list(range(1, 11))
+
+
+def test_disk_full_reported_by_torch_save_is_one_line(run, capsys, monkeypatch):
+    """torch.save on a full disk raises "unexpected pos" (no errno): judged by the space left,
+    it is the same one line, and no partial checkpoint folder stays."""
+    real_save = torch.save
+
+    def full_disk_save(obj, path, *a, **kw):
+        real_save(obj, path, *a, **kw)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 46 vs 45")
+
+    usage = shutil.disk_usage
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(p)._replace(free=4096))
+    assert cli.main(["--resume", str(run), "--steps", "25"]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert "no space left" in err and "step 25" in err and "step_000020 is intact" in err
+    assert latest(run) == "step_000020" and not run_folder.leftovers(run)
+
+
+def test_other_write_errors_are_not_called_a_full_disk(run, monkeypatch):
+    def broken_save(obj, path, *a, **kw):
+        raise RuntimeError("some other failure")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(RuntimeError, match="some other failure"):
+        cli.main(["--resume", str(run), "--steps", "25"])
+    assert not run_folder.leftovers(run)
+
+
+# ------------------------------------------------------------------------------------------
+# values that stop being finite; a gradient that stays 0
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_run_whose_weights_blow_up_stops_in_one_line(tmp_path, capsys):
+    """--lr 1e38 without clipping: the weights leave the floats in the first update; the run ends
+    (exit 1) with one line naming the step and the flags, and no checkpoint of them is written."""
+    out = tmp_path / "o"
+    assert cli.main([*BANDIT, "--lr", "1e38", "--grad-clip", "0", "--out", str(out)]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("rpg-train: step 1: ") and "training diverged" in err
+    assert "--lr (now 1e+38)" in err and "--grad-clip > 0" in err
+    assert not (out / "checkpoints").exists()
+
+
+def test_watch_stops_at_a_non_finite_row_and_warns_once_on_zero_gradients(capsys):
+    class Cfg:
+        lr, grad_clip = 0.5, 1.0
+
+    w = metrics.Watch(Cfg())
+    row = {"step": 1, "loss": 0.1, "grad_norm": 0.2, "entropy": 1.0, "reward": 0.5, "updates": 2}
+    w.check(row)
+    for s in range(2, 7):
+        w.check({**row, "step": s, "loss": 0.0, "grad_norm": 0.0})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0]
+    assert "--grad-clip" not in err[0]  # clipping is on: only the learning rate is named
+    w.check({**row, "loss": float("nan"), "grad_norm": float("nan"), "updates": 0})  # no update
+    with pytest.raises(metrics.Diverged, match=r"step 9: loss is nan: .*lower --lr \(now 0.5\)"):
+        w.check({**row, "step": 9, "loss": float("nan")})
+    with pytest.raises(metrics.Diverged, match=r"step 9: grad_norm is inf"):
+        w.check({**row, "step": 9, "grad_norm": float("inf")})
+
+
+def test_a_bandit_that_collapses_warns_of_zero_gradients(tmp_path, capsys):
+    """--lr 1000: one update puts every response on one arm; from step 2 on every gradient is 0,
+    and one warning line says so."""
+    out = tmp_path / "o"
+    assert cli.main([*BANDIT, "--lr", "1000", "--steps", "6", "--out", str(out)]) == 0
+    err = [x for x in capsys.readouterr().err.splitlines() if "rpg-train" in x]
+    assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0], err
+
+
+# ------------------------------------------------------------------------------------------
+# rpg-eval on a folder that is no model; rpg-plot on a bad row
+# ------------------------------------------------------------------------------------------
+
+
+def _folder(root: Path, files: dict) -> Path:
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+HF = {"config.json": '{"model_type": "qwen3"}'}
+RUN = {"config.json": '{"algo": "grpo"}'}
+
+
+@pytest.mark.parametrize("files,said", [
+    ({**RUN, "checkpoints/LATEST": "step_000001", "hf/config.json": "{}"},
+     "is an rpg-train run folder; its exported model is {dir}/hf: pass that"),
+    ({**RUN, "metrics.jsonl": ""},
+     "is an rpg-train run folder, not a model; `python -m rpg_ref.export {dir}`"),
+    ({"notes.txt": "hello"}, "is not a Hugging Face checkpoint folder (no config.json)"),
+    ({"config.json": '{"hidden_size": 8}'}, "(its config.json has no model_type)"),
+    (HF, "has no weights"),
+    ({**HF, "model.safetensors": "x"}, "has no tokenizer"),
+])
+def test_rpg_eval_on_a_folder_that_is_no_model_is_one_line(tmp_path, capsys, files, said):
+    from rpg_ref.math import evaluation
+
+    folder = _folder(tmp_path / "m", files)
+    assert evaluation.main(["--model", str(folder), "--data", "aime24"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith(f"rpg-eval: error: --model '{folder}' ")
+    assert said.format(dir=folder) in err
+
+
+def test_rpg_plot_names_the_file_and_line_of_a_bad_row(base, tmp_path, capsys):
+    from rpg_ref import plot
+
+    out = tmp_path / "run"
+    shutil.copytree(base, out)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    bad = lines[:2] + ['{"step": 3, "reward": }\n'] + lines[3:]
+    (out / "metrics.jsonl").write_text("".join(bad))
+    assert plot.main([str(out), "--out", str(tmp_path / "p.png")]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith(f"rpg-plot: {out / 'metrics.jsonl'}:3: not a metrics row")
+    assert not (tmp_path / "p.png").exists()
