@@ -180,12 +180,13 @@ def test_resume_with_a_lag_is_bitwise(tmp_path, cache_dir):
 
 def test_a_lagged_checkpoint_without_its_history_is_refused(tmp_path):
     """--resume of a lagged run whose checkpoint lost sampler_lag.pt stops with one line naming
-    the file, instead of sampling with other weights than the uninterrupted run."""
+    the file (the checkpoint's manifest lists it), instead of sampling with other weights than the
+    uninterrupted run."""
     out = tmp_path / "o"
     run(["--preset", "bandit", "--steps", "2", "--sampler-lag", "1", "--out", str(out)])
     (out / "checkpoints" / "step_000002" / LAG_FILE).unlink()
     (out / "summary.json").unlink()
-    with pytest.raises(ValueError, match=f"has no {LAG_FILE}"):
+    with pytest.raises(ValueError, match=f"step_000002 is damaged: {LAG_FILE} is missing"):
         run(["--resume", str(out), "--steps", "3"])
 
 

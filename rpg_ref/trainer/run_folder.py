@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import time
+import types
 import typing
 from pathlib import Path
 
@@ -174,10 +175,12 @@ def mistyped(stored: dict, path: Path) -> str | None:
     for name, hint in typing.get_type_hints(Config).items():
         if name not in stored:
             continue
-        v, args = stored[name], typing.get_args(hint)
-        kinds = [a for a in args if a is not type(None)] or [hint]
+        v = stored[name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        args = typing.get_args(hint) if union else (hint,)
         if v is None and type(None) in args:
             continue
+        kinds = [typing.get_origin(a) or a for a in args if a is not type(None)]  # list[x]: list
         ok = any(
             (k is float and isinstance(v, (int, float)) and not isinstance(v, bool))
             or (k is int and isinstance(v, int) and not isinstance(v, bool))
