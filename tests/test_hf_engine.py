@@ -117,7 +117,26 @@ def test_cache_argument_name_is_read_from_the_forward_signature():
     from packaging.version import Version
 
     renamed = Version(transformers.__version__).release >= (5, 24)
-    assert cache_api(transformers.Qwen3ForCausalLM)[0] == ("cache" if renamed else "past_key_values")
+    expected = "cache" if renamed else "past_key_values"
+    assert cache_api(transformers.Qwen3ForCausalLM)[0] == expected
+
+
+def test_hfpolicy_turns_the_cache_off_only_when_no_cache_is_given():
+    """HFPolicy's single forward passes use_cache=False (no KV cache allocated) unless the caller
+    gives a cache, under either name."""
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))  # HFPolicy reads its device
+
+        def forward(self, **kwargs):
+            return kwargs
+
+    policy = HFPolicy(Recorder())
+    assert policy(input_ids=1)["use_cache"] is False
+    for name in ("cache", "past_key_values"):
+        assert "use_cache" not in policy(input_ids=1, **{name: object()})
 
 
 @pytest.mark.parametrize("static", [False, True])
