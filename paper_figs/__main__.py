@@ -5,8 +5,8 @@
     rpg-figs --out DIR --logs DIR
     rpg-figs --skip-missing-logs  render what can be rendered when an experiment has no logs
 
-Installed from a wheel (no clone around it), the output goes to ./rpg-figs-out and the logs, which
-come with a clone of the repository only, are given with --logs CLONE/small_scale/logs.
+Installed from a wheel (no clone around it), the output goes to ./rpg-figs-out, and the logs come
+with a clone of the repository only: --logs CLONE/small_scale/logs (default ./small_scale/logs).
 The figures of your own rpg-train runs: rpg-plot RUN [RUN ...] (rpg_ref/plot.py).
 """
 
@@ -21,7 +21,8 @@ from pathlib import Path
 CLONE = Path(__file__).resolve().parent.parent       # a clone's root holds pyproject.toml
 IN_CLONE = (CLONE / "pyproject.toml").is_file()
 OUT = CLONE / "paper_figs" / "out" if IN_CLONE else Path("rpg-figs-out")
-LOGS = CLONE / "small_scale" / "logs"               # paper_figs.training.DEFAULT_LOGS
+# paper_figs.training.DEFAULT_LOGS in a clone; installed, a clone's layout under the current folder
+LOGS = CLONE / "small_scale" / "logs" if IN_CLONE else Path("small_scale", "logs")
 
 
 def main(argv: list | None = None) -> int:
