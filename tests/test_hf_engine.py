@@ -406,6 +406,22 @@ def test_chunk_option_accepts_auto_and_counts_and_old_integer_configs(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_a_missing_transformers_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """Without transformers (an install without the llm extra), rpg-train on a task sampled by
+    the hf engine stops with the install command in one line, exit 2, and writes nothing."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    out = tmp_path / "run"
+    assert cli.main(["--task", "seq", "--engine", "hf", "--steps", "1", "--out", str(out),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "rpg-train: engine 'hf' needs transformers: pip install 'rpg-ref[llm]'\n"
+    assert not out.exists()
+
+
 def test_memory_arithmetic_by_hand():
     """Qwen3-4B's shape: KV 36 layers x (K, V) x 8 heads x 128 x 2 bytes = 147,456 B per token;
     one sequence with a 1,000-token prompt and a 3,000-slot cache: 147,456 x 3,000 KV + 1,000 x

@@ -228,6 +228,13 @@ class HFEngine:
         on = cls.Options(**cfg.engine_options).sampler_logprobs
         return None if on else "--no-hf-sampler-logprobs turns them off; drop it"
 
+    @staticmethod
+    def check_available() -> None:
+        """ValueError (one line: the install command) when transformers is missing."""
+        import importlib.util
+        if importlib.util.find_spec("transformers") is None:
+            raise ValueError("engine 'hf' needs transformers: pip install 'rpg-ref[llm]'")
+
     def __init__(self, policy, task, cfg):
         self.opt = o = self.Options(**cfg.engine_options)
         self.policy, self.task = policy, task
