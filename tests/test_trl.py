@@ -435,7 +435,7 @@ BAD = [  # (RPGConfig options, what the one-line error says)
     (dict(use_vllm=True, vllm_importance_sampling_clip_min=0.5),
      "vllm_importance_sampling_clip_min=0.5 has no counterpart"),
     (dict(use_vllm=True, vllm_importance_sampling_clip_max=0.5),
-     "vllm_importance_sampling_clip_max=0.5 would shrink samples"),
+     "vllm_importance_sampling_clip_max=0.5: rollout correction cap must be a number >= 1"),
     (dict(use_vllm=True, vllm_importance_sampling_mode="token_mask", rpg_level="sequence"),
      "use a sequence_* mode"),
     (dict(use_vllm=True, vllm_importance_sampling_mode="sequence"),

@@ -206,14 +206,14 @@ def vllm_correction(args: RPGConfig) -> tuple[str, str, float] | None:
                          f"rpg_ref's rollout correction (an upper cap only): set it to None")
     cap = args.vllm_importance_sampling_clip_max
     cap = float("inf") if cap is None else cap
-    if not cap >= 1:
-        raise ValueError(f"vllm_importance_sampling_clip_max={cap} would shrink samples vLLM drew "
-                         f"exactly as pi_old: set a cap >= 1 (None: no cap)")
-    (rc_mode, level) = VLLM_IS_MODES[mode]
+    rc_mode, level = VLLM_IS_MODES[mode]
+    try:
+        rollout_correction.check_options(rc_mode, level, cap)
+    except ValueError as e:
+        raise ValueError(f"vllm_importance_sampling_clip_max={cap}: {e}") from None
     if level == "token" and args.rpg_level == "sequence":
         raise ValueError(f"vllm_importance_sampling_mode={mode!r} weights tokens, but "
                          f"rpg_level='sequence' has one term per response: use a sequence_* mode")
-    rollout_correction.check_options(rc_mode, level, cap)
     return rc_mode, level, cap
 
 
@@ -327,8 +327,10 @@ class RPGTrainer(GRPOTrainer):
                 logp.device, torch.float32
             )
             self._metrics[mode][f"rpg/{key}"].append(self.accelerator.gather(value).mean().item())
-        for key, value in rc_stats.items():             # this process's micro-batch
-            self._metrics[mode][f"rpg/{key}"].append(value)
+        for key, value in rc_stats.items():  # over processes: the largest |log r|, else the mean
+            v = self.accelerator.gather(torch.tensor(value, device=logp.device))
+            self._metrics[mode][f"rpg/{key}"].append(
+                (v.max() if key == "rc_log_ratio_max" else v.mean()).item())
         return loss
 
 
