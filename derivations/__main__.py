@@ -12,11 +12,17 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from . import run_all
 from ._core import ALPHA
+
+# the errata file (package data): as named in a clone, else where the package installed it
+_HERE = Path(__file__).resolve().parent
+ERRATA = ("derivations/ERRATA.md" if (_HERE.parent / "pyproject.toml").is_file()
+          else str(_HERE / "ERRATA.md"))
 
 
 def _num(x, spec):
@@ -86,7 +92,7 @@ def main(argv=None) -> int:
             for d in r["detail"]:
                 print("  - " + d.replace("\n", "\n    "))
     print(f"\n{len(rows)} checks, {len(failed)} failed, {len(errata)} reproduce documented errata "
-          f"(derivations/ERRATA.md); Monte-Carlo false-failure rate {ALPHA:g} per comparison; "
+          f"({ERRATA}); Monte-Carlo false-failure rate {ALPHA:g} per comparison; "
           f"{'fast' if args.fast else 'full'} run {total:.1f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -5,32 +5,41 @@
     rpg-figs --out DIR --logs DIR
     rpg-figs --skip-missing-logs  render what can be rendered when an experiment has no logs
 
+Installed from a wheel (no clone around it), the output goes to ./rpg-figs-out, and the logs come
+with a clone of the repository only: --logs CLONE/small_scale/logs (default ./small_scale/logs).
 The figures of your own rpg-train runs: rpg-plot RUN [RUN ...] (rpg_ref/plot.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
 
-from . import DEFAULT_OUT, FIGURES, render
-from .training import DEFAULT_LOGS
+CLONE = Path(__file__).resolve().parent.parent       # a clone's root holds pyproject.toml
+IN_CLONE = (CLONE / "pyproject.toml").is_file()
+OUT = CLONE / "paper_figs" / "out" if IN_CLONE else Path("rpg-figs-out")
+# paper_figs.training.DEFAULT_LOGS in a clone; installed, a clone's layout under the current folder
+LOGS = CLONE / "small_scale" / "logs" if IN_CLONE else Path("small_scale", "logs")
 
 
 def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(prog="rpg-figs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", metavar="NAME", help="render only these figures")
-    p.add_argument(
-        "--out", default=str(DEFAULT_OUT), help="output folder (default paper_figs/out/)"
-    )
-    p.add_argument("--logs", default=str(DEFAULT_LOGS), help="small_scale logs folder")
+    p.add_argument("--out", default=str(OUT), help=f"output folder (default {OUT})")
+    p.add_argument("--logs", default=str(LOGS), help="small_scale logs folder")
     p.add_argument("--list", action="store_true", help="list the figures and exit")
     p.add_argument("--skip-missing-logs", action="store_true",
                    help="report and skip figures whose experiment has no logs instead of failing")
     a = p.parse_args(argv)
+    if importlib.util.find_spec("matplotlib") is None:  # every figure module draws with it
+        print("rpg-figs: needs matplotlib: pip install 'rpg-ref[plots]'", file=sys.stderr)
+        return 2
+    from . import FIGURES, render
+
     if a.list:
         for f in FIGURES.values():
             print(
@@ -51,6 +60,12 @@ def main(argv: list | None = None) -> int:
     bad = [n for n in names if n not in FIGURES]
     if bad:
         print(f"rpg-figs: unknown figure(s) {bad}; valid: {', '.join(FIGURES)}", file=sys.stderr)
+        return 2
+    need_logs = [n for n in names if FIGURES[n].experiment]
+    if need_logs and not logs.is_dir() and not a.skip_missing_logs:
+        where = "" if IN_CLONE else " (they come with a clone of the repository, not the package)"
+        print(f"rpg-figs: no logs folder {logs}{where}: pass --logs CLONE/small_scale/logs, or "
+              f"--skip-missing-logs to render only the figures computed from code", file=sys.stderr)
         return 2
     skipped = []
     for n in names:

@@ -1,4 +1,4 @@
-"""The public answer-format set (tests/data/answer_formats.jsonl): realistic responses in the
+"""The public answer-format set (rpg_ref/math/answer_formats.jsonl): realistic responses in the
 paper's format and the others models write, with expected verdicts, scored by the reward with
 each backend (`python -m rpg_ref.math.answer_formats` prints the same numbers per category)."""
 import json

@@ -20,6 +20,7 @@ from rpg_ref.engines.hf import (
     HFEngine,
     WeightSyncError,
     bytes_per_sequence,
+    cache_api,
     decode,
     kv_bytes_per_token,
     parse_chunk,
@@ -27,6 +28,7 @@ from rpg_ref.engines.hf import (
 )
 from rpg_ref.interfaces import Batch, collate
 from rpg_ref.models.logprobs import token_logprobs
+from rpg_ref.models.policy import HFPolicy
 from rpg_ref.trainer import train
 
 EOS, PAD = 14, 15
@@ -97,6 +99,68 @@ def test_static_cache_decodes_what_the_dynamic_cache_decodes():
         )
     assert torch.equal(out[True][0], out[False][0])
     assert (out[True][1] - out[False][1]).abs().max() < 1e-12
+
+
+def test_cache_argument_name_is_read_from_the_forward_signature():
+    """transformers 5.24 renames the forward's ``past_key_values`` to ``cache`` (the old name warns
+    until its removal in 5.40); 5.23 has only the old name; transformers < 5 also take
+    ``cache_position``. The name comes from the signature, whichever version is installed."""
+
+    class New:
+        def forward(self, input_ids, cache=None, use_cache=None): ...
+
+    class Old:
+        def forward(self, input_ids, past_key_values=None, cache_position=None): ...
+
+    assert cache_api(New) == ("cache", False)
+    assert cache_api(Old) == ("past_key_values", True)
+    from packaging.version import Version
+
+    renamed = Version(transformers.__version__).release >= (5, 24)
+    expected = "cache" if renamed else "past_key_values"
+    assert cache_api(transformers.Qwen3ForCausalLM)[0] == expected
+
+
+def test_hfpolicy_turns_the_cache_off_only_when_no_cache_is_given():
+    """HFPolicy's single forward passes use_cache=False (no KV cache allocated) unless the caller
+    gives a cache, under either name."""
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))  # HFPolicy reads its device
+
+        def forward(self, **kwargs):
+            return kwargs
+
+    policy = HFPolicy(Recorder())
+    assert policy(input_ids=1)["use_cache"] is False
+    for name in ("cache", "past_key_values"):
+        assert "use_cache" not in policy(input_ids=1, **{name: object()})
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_decoding_raises_no_deprecation_warning_and_hfpolicy_keeps_the_cache(static):
+    """Decoding through the installed transformers (the plain model and the HFPolicy wrapper, the
+    dynamic and the static cache) emits no FutureWarning, and the wrapper passes the cache on
+    with use_cache (a wrapper that dropped it would decode every step without the prompt's keys:
+    other tokens, so equal outputs show the cache reached the model)."""
+    import warnings
+
+    from transformers import StaticCache
+
+    model = tiny_qwen3(sharpen=3.0)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]]
+    out = []
+    for sampler in (model, HFPolicy(model)):
+        cache = StaticCache(config=model.config, max_cache_len=32) if static else None
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            out.append(decode(sampler, sampler, prompts, PAD, EOS, 1.0, 1.0, 8, cache=cache,
+                              cache_len=32))
+    assert torch.equal(out[0][0], out[1][0])
+    assert (out[0][1] - out[1][1]).abs().max() < 1e-12
 
 
 def test_generation_stops_when_every_sequence_has_ended():
@@ -340,6 +404,22 @@ def test_chunk_option_accepts_auto_and_counts_and_old_integer_configs(tmp_path):
         with pytest.raises(ValueError, match=msg):
             cli.parse_config([*flags, "--out", str(tmp_path / "b")])
     assert not (tmp_path / "b").exists()
+
+
+def test_a_missing_transformers_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """Without transformers (an install without the llm extra), rpg-train on a task sampled by
+    the hf engine stops with the install command in one line, exit 2, and writes nothing."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    out = tmp_path / "run"
+    assert cli.main(["--task", "seq", "--engine", "hf", "--steps", "1", "--out", str(out),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "rpg-train: engine 'hf' needs transformers: pip install 'rpg-ref[llm]'\n"
+    assert not out.exists()
 
 
 def test_memory_arithmetic_by_hand():

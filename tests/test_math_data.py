@@ -2,6 +2,7 @@
 files."""
 import builtins
 import json
+import sys
 
 import pytest
 from needs import needs_data
@@ -40,6 +41,30 @@ def test_rpg_data_dir_overrides_the_default(tmp_path, monkeypatch):
     monkeypatch.setenv("RPG_DATA_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="RPG_DATA_DIR"):
         md.load_problems("aime25")
+
+
+@pytest.mark.parametrize("layout", ["clone", "installed"])
+def test_default_data_dir_in_a_clone_and_in_an_installed_package(tmp_path, monkeypatch, layout):
+    """Without RPG_DATA_DIR: in a clone (its root holds pyproject.toml) the folder beside the
+    clone, ../shared/data; installed (site-packages holds no pyproject.toml) the user's data folder
+    $XDG_DATA_HOME/rpg-ref/data, not a path inside the environment."""
+    import importlib.util
+    import shutil
+
+    root = tmp_path / "root"
+    (root / "rpg_ref" / "math").mkdir(parents=True)
+    path = shutil.copy(md.__file__, root / "rpg_ref" / "math" / "data.py")
+    if layout == "clone":
+        (root / "pyproject.toml").write_text("")
+    spec = importlib.util.spec_from_file_location("data_copy", path)
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "data_copy", copy)  # its dataclass looks itself up there
+    spec.loader.exec_module(copy)
+    monkeypatch.delenv("RPG_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    expected = {"clone": tmp_path / "shared" / "data", "installed": tmp_path / "xdg" / "rpg-ref"
+                / "data"}[layout]
+    assert copy.data_dir() == expected
 
 
 @pytest.mark.parametrize(

@@ -507,6 +507,26 @@ def test_render_every_figure(logs, tmp_path):
     assert figs_main(["--only", "nope"]) == 2
 
 
+def test_rpg_figs_says_in_one_line_what_is_missing(tmp_path, monkeypatch, capsys):
+    """Without matplotlib, rpg-figs (even --list) stops with the install hint; without a logs
+    folder (an installed package has none), with the --logs / --skip-missing-logs hint, before
+    anything is written. The default logs folder is paper_figs.training's."""
+    import importlib.util
+
+    import paper_figs.__main__ as figs
+
+    assert figs.LOGS == training.DEFAULT_LOGS
+    assert figs_main(["--logs", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --logs CLONE/small_scale/logs, or --skip-missing" in err
+    assert not (tmp_path / "out").exists()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert figs_main(["--list"]) == 2
+    assert capsys.readouterr().err == "rpg-figs: needs matplotlib: pip install 'rpg-ref[plots]'\n"
+
+
 # ------------------------------------------------------------------------------------------------
 # the paper's results tables (paper_figs/paper_results.json) as bars, and beside the small scale
 # ------------------------------------------------------------------------------------------------

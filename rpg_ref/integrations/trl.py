@@ -1,7 +1,8 @@
 """TRL integration: every RPG loss inside TRL's GRPOTrainer (written against TRL 1.16.0).
 
     from rpg_ref.integrations.trl import RPGConfig, RPGTrainer
-    args = RPGConfig(output_dir="out", rpg_loss="rpg-reinforce-urkl")  # the paper's beta, clip
+    args = RPGConfig(output_dir="out", rpg_loss="rpg-reinforce-urkl",  # the paper's beta, c
+                     epsilon_high=0.28)                                 # and its clip
     RPGTrainer(model="Qwen/Qwen3-4B", reward_funcs=reward, args=args, train_dataset=ds).train()
 
 RPGTrainer is GRPOTrainer with one method replaced, ``_compute_loss`` (the hook TRL's own
@@ -13,13 +14,16 @@ every TRL setting that contradicts the loss. Option mapping:
 
     rpg_loss                     the loss (the eight rpg-* losses, grpo, grpo-corrected, dapo)
     rpg_beta                     beta of the loss (None: 1e-4, the paper's; 0 for dapo)
-    epsilon / epsilon_high       eps_low / eps_high (epsilon_high None: the paper's 0.28 for the
-                                 rpg losses and dapo, 0.2 for grpo)
+    epsilon / epsilon_high       eps_low / eps_high; epsilon_high None means epsilon, as in TRL
+                                 (the paper's clip: epsilon_high=0.28)
     rpg_dual_clip_c              dual-clip c > 1, inf: no dual bound (None: 10, the paper's released
                                  scripts, for the rpg losses; none for grpo/dapo); rpg_clip=False:
                                  no clipping (rpg losses)
-    importance_sampling_level    level: "token", or "sequence" = the whole response, ratio
-                                 pi_theta(y)/pi_old(y) (the product, not GSPO's geometric mean)
+    rpg_level                    the loss's level: "token", or "sequence" = the whole response,
+                                 ratio pi_theta(y)/pi_old(y), the product of its token ratios.
+                                 TRL's importance_sampling_level must stay "token": its "sequence"
+                                 is GSPO's geometric mean of the token ratios, which no rpg loss
+                                 computes, so it is refused.
     loss_type                    aggregation, TRL's normalizer (LOSS_TYPE_AGG below)
     scale_rewards                the advantage (None: the loss's own estimator: R - group mean,
                                  "none", for the rpg losses; "group" for grpo/dapo)
@@ -32,7 +36,20 @@ every TRL setting that contradicts the loss. Option mapping:
                                  "model": pi_ref = TRL's reference model (the initial policy, or
                                  refreshed every ref_model_sync_steps with sync_ref_model); TRL
                                  loads and scores it only when its beta > 0: set beta = rpg_beta.
-                                 TRL's own k3 KL term is never added.
+                                 TRL's own k3 KL term is never added, so use_bias_correction_kl
+                                 (which weights that term) must agree with the loss: False for
+                                 grpo (k3 as TRL adds it), True for grpo-corrected (k3 times
+                                 pi_theta/pi_old), False for the others (their KL is their own).
+                                 With beta = 0 TRL adds no KL term and the flag acts nowhere.
+    use_vllm (TRL's vLLM)        TRL's vllm_importance_sampling_correction (default True) becomes
+                                 rpg_ref's rollout correction (rpg_ref.trainer.rollout_correction)
+                                 with the same weights: mode token_/sequence_ + truncate/mask
+                                 -> level token/sequence, tis/mis; the cap is
+                                 vllm_importance_sampling_clip_max (None: no cap; a clip_min is
+                                 refused). The weight multiplies each response's (or token's)
+                                 whole rpg loss term, KL included (E_mu[r L] = E_old[L]); TRL puts
+                                 it on its policy term only. A token vLLM gave no log-prob for
+                                 gets weight 1, as in TRL.
 
 With pi_ref = pi_old every divergence and its gradient vanish at the first update of a batch, so
 beta acts only across several updates of one batch (steps_per_generation > gradient accumulation
@@ -47,6 +64,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from rpg_ref.core.losses import LOSSES, SPECS, check_options, default_beta, parse_clip
+from rpg_ref.trainer import rollout_correction
 from rpg_ref.trainer.config import PAPER_HPARAMS
 
 SUPPORTED = [
@@ -58,6 +76,11 @@ LOSS_TYPE_AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-t
 # the advantage TRL must compute for a loss's default estimator (rpg_ref.core.advantages names)
 SCALE_REWARDS = {"group-mean": "none", "group-mean-std": "group"}
 REFERENCES = ("old", "model")
+# TRL's vllm_importance_sampling_mode -> rpg_ref's rollout correction (mode, level)
+VLLM_IS_MODES = {"token_truncate": ("tis", "token"), "token_mask": ("mis", "token"),
+                 "sequence_truncate": ("tis", "sequence"), "sequence_mask": ("mis", "sequence")}
+# use_bias_correction_kl a loss's KL agrees with when TRL's beta > 0 (TRL's k3 term is replaced)
+BIAS_CORRECTED_KL = {"grpo": False, "grpo-corrected": True}
 
 
 @dataclass
@@ -70,6 +93,10 @@ class RPGConfig(GRPOConfig):
         "help": "dual-clip bound c > 1, inf: none (None: 10, the paper's released scripts, for the "
                 "rpg losses; none for grpo/dapo); eps_low/eps_high are epsilon/epsilon_high"})
     rpg_clip: bool = field(default=True, metadata={"help": "False: no clipping (rpg losses only)"})
+    rpg_level: str = field(default="token", metadata={
+        "help": "'token', or 'sequence': one ratio pi_theta(y)/pi_old(y) per response, the product "
+                "of its token ratios (TRL's importance_sampling_level='sequence' is GSPO's "
+                "geometric mean, refused)"})
     rpg_reference: str = field(
         default="old",
         metadata={
@@ -94,8 +121,6 @@ class RPGConfig(GRPOConfig):
             self.rpg_beta = default_beta(self.rpg_loss, PAPER_HPARAMS["beta"])
         # a PPO-type loss's own; else the paper's RPG clip
         own = SPECS[self.rpg_loss].default_clip
-        if self.epsilon_high is None:
-            self.epsilon_high = own[1] if own else PAPER_HPARAMS["clip_rpg"][1]
         if self.rpg_dual_clip_c is None:
             self.rpg_dual_clip_c = own[2] if own else PAPER_HPARAMS["dual_clip_c_released_code"]
         if self.scale_rewards is None:
@@ -128,17 +153,28 @@ def check_trl_settings(args: RPGConfig) -> None:
     if args.loss_type not in LOSS_TYPE_AGG:
         raise ValueError(f"loss_type {args.loss_type!r} is a loss of its own, not an aggregation; "
                          f"with an rpg loss use one of {', '.join(LOSS_TYPE_AGG)}")
-    if args.importance_sampling_level not in ("token", "sequence"):
-        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got "
-                         f"{args.importance_sampling_level!r}")
+    if args.importance_sampling_level != "token":
+        raise ValueError(f"importance_sampling_level={args.importance_sampling_level!r} is TRL's "
+                         f"geometric mean of token ratios (GSPO), which no rpg loss computes: keep "
+                         f"it 'token'; rpg_level='sequence' gives the response's ratio "
+                         f"pi_theta(y)/pi_old(y), the product of its token ratios")
+    want = BIAS_CORRECTED_KL.get(name, False)
+    if args.beta != 0 and args.use_bias_correction_kl != want:
+        fix = {"grpo": "rpg_loss='grpo-corrected' (k3 times pi_theta/pi_old)",
+               "grpo-corrected": "rpg_loss='grpo' (k3 as TRL adds it)"}.get(
+            name, f"use_bias_correction_kl=False ({name}'s KL term is its own)")
+        raise ValueError(f"use_bias_correction_kl={args.use_bias_correction_kl} weights TRL's k3 "
+                         f"term, which RPGTrainer replaces by {name}'s KL: set {fix}")
     check_options(
         name,
         beta=args.rpg_beta,
         clip=rpg_clip(args),
-        level=args.importance_sampling_level,
+        level=args.rpg_level,
         agg=LOSS_TYPE_AGG[args.loss_type],
         no_clip=not args.rpg_clip,
     )
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        vllm_correction(args)  # refuses what rpg_ref's rollout correction cannot do
     # TRL options that reweight or add to the per-token loss, which the rpg loss replaces
     refused = {
         "delta": (args.delta is not None, "None (the rpg dual clip is rpg_dual_clip_c)"),
@@ -146,9 +182,6 @@ def check_trl_settings(args: RPGConfig) -> None:
         "top_entropy_quantile": (args.top_entropy_quantile != 1.0, "1.0"),
         "entropy_coef": (args.entropy_coef != 0.0, "0.0"),
         "use_adaptive_entropy": (args.use_adaptive_entropy, "False"),
-        "vllm_importance_sampling_correction": (
-            args.use_vllm and args.vllm_importance_sampling_correction,
-            "False with use_vllm (the rpg losses take no per-token weight)"),
     }
     for key, (bad, fix) in refused.items():
         if bad:
@@ -156,6 +189,32 @@ def check_trl_settings(args: RPGConfig) -> None:
                 f"{key}={getattr(args, key)!r} is not supported with rpg_loss={name!r}: "
                 f"set {key}={fix}"
             )
+
+
+def vllm_correction(args: RPGConfig) -> tuple[str, str, float] | None:
+    """TRL's vLLM importance-sampling correction as rpg_ref's rollout correction (mode, level,
+    cap), or None when off; a ValueError (one line) for what it cannot express."""
+    if not (args.use_vllm and args.vllm_importance_sampling_correction):
+        return None
+    mode = args.vllm_importance_sampling_mode
+    if mode not in VLLM_IS_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(VLLM_IS_MODES)}"
+                         f", got {mode!r}")
+    if args.vllm_importance_sampling_clip_min is not None:
+        raise ValueError(f"vllm_importance_sampling_clip_min="
+                         f"{args.vllm_importance_sampling_clip_min} has no counterpart in "
+                         f"rpg_ref's rollout correction (an upper cap only): set it to None")
+    cap = args.vllm_importance_sampling_clip_max
+    cap = float("inf") if cap is None else cap
+    rc_mode, level = VLLM_IS_MODES[mode]
+    try:
+        rollout_correction.check_options(rc_mode, level, cap)
+    except ValueError as e:
+        raise ValueError(f"vllm_importance_sampling_clip_max={cap}: {e}") from None
+    if level == "token" and args.rpg_level == "sequence":
+        raise ValueError(f"vllm_importance_sampling_mode={mode!r} weights tokens, but "
+                         f"rpg_level='sequence' has one term per response: use a sequence_* mode")
+    return rc_mode, level, cap
 
 
 def trl_scale(loss_type: str, *, n_tokens: float, rows_kept: int, rows: int, num_items_in_batch,
@@ -196,7 +255,20 @@ class RPGTrainer(GRPOTrainer):
         self.rpg_loss_fn = LOSSES[args.rpg_loss]
         self.rpg_options = check_options(  # resolved once; every loss call gets this LossOptions
             args.rpg_loss, beta=args.rpg_beta, clip=rpg_clip(args),
-            level=args.importance_sampling_level, agg=LOSS_TYPE_AGG[args.loss_type])
+            level=args.rpg_level, agg=LOSS_TYPE_AGG[args.loss_type])
+        self.rpg_correction = vllm_correction(args)  # (mode, level, cap) or None
+
+    def rollout_weights(self, inputs, mask):
+        """rpg_ref's rollout correction of TRL's vLLM samples: weights [B, T] (token level) or [B]
+        (sequence level) and their statistics; (None, {}) without the correction. A token vLLM
+        gave no log-prob for (NaN) has ratio 1, as in TRL."""
+        if self.rpg_correction is None:
+            return None, {}
+        mode, level, cap = self.rpg_correction
+        old, sampler = inputs["old_per_token_logps"], inputs["sampling_per_token_logps"]
+        sampler = torch.where(torch.isnan(sampler), old, sampler)     # [B, T]
+        return rollout_correction.importance_weights(old, sampler, mask, mode=mode, level=level,
+                                                     cap=cap)
 
     def _compute_loss(self, model, inputs):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -216,12 +288,15 @@ class RPGTrainer(GRPOTrainer):
             self.beta != 0 else None                    # None: pi_ref = pi_old
         adv = inputs["advantages"]                      # [B] (or [B, T] from a subclass)
 
+        weight, rc_stats = self.rollout_weights(inputs, mask)  # [B, T], [B] or None
+
         keep = mask.sum(-1) > 0                         # [B]: rpg losses refuse empty rows
         mode = "train" if self.model.training else "eval"
         if bool(keep.any()):
             loss, stats = self.rpg_loss_fn(
                 logp[keep], old[keep], adv[keep], mask[keep],
-                ref_logp=None if ref is None else ref[keep], options=self.rpg_options)
+                ref_logp=None if ref is None else ref[keep],
+                sample_weight=None if weight is None else weight[keep], options=self.rpg_options)
         else:                                           # nothing to learn; still a graph for DDP
             loss, stats = (logp * 0.0).sum(), {}
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -252,6 +327,10 @@ class RPGTrainer(GRPOTrainer):
                 logp.device, torch.float32
             )
             self._metrics[mode][f"rpg/{key}"].append(self.accelerator.gather(value).mean().item())
+        for key, value in rc_stats.items():  # over processes: the largest |log r|, else the mean
+            v = self.accelerator.gather(torch.tensor(value, device=logp.device))
+            self._metrics[mode][f"rpg/{key}"].append(
+                (v.max() if key == "rc_log_ratio_max" else v.mean()).item())
         return loss
 
 

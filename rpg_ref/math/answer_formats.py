@@ -1,6 +1,8 @@
 """Score the public answer-format set (realistic responses with expected verdicts) with the reward.
 
-    python -m rpg_ref.math.answer_formats [tests/data/answer_formats.jsonl] [--backend B ...]
+    python -m rpg_ref.math.answer_formats [FILE.jsonl] [--backend B ...]
+
+FILE defaults to the set shipped beside this module (answer_formats.jsonl, package data).
 
 Each JSONL row: id, category, style ("answer" or "boxed"), thinking (bool: the prompt had thinking
 on), response, gold, expected ("correct" or "wrong") and the reason; long degenerate responses are
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from rpg_ref.math.reward import BACKENDS, STYLES, AnswerChecker, math_verify_available
 
-DEFAULT_SET = Path(__file__).resolve().parents[2] / "tests" / "data" / "answer_formats.jsonl"
+DEFAULT_SET = Path(__file__).with_name("answer_formats.jsonl")  # package data: in the wheel
 FIELDS = ("id", "category", "style", "thinking", "response", "gold", "expected", "reason")
 
 

@@ -13,7 +13,9 @@ naming the file, the line (1-based for JSONL, row index for others) and the fiel
 skipped silently. `drop_empty_answers=True` is the one explicit exception, for MATH train's
 two rows with an empty answer.
 
-Data dir: $RPG_DATA_DIR if set, else <repo>/../shared/data (the layout of this project).
+Data dir: $RPG_DATA_DIR if set; else, in a clone of the repository, <clone>/../shared/data (the
+layout of this project); else (an installed package) $XDG_DATA_HOME/rpg-ref/data, by default
+~/.local/share/rpg-ref/data.
 """
 from __future__ import annotations
 
@@ -36,11 +38,16 @@ class Problem:
 
 
 def data_dir() -> Path:
-    """$RPG_DATA_DIR, else <repo root>/../shared/data. Not checked for existence here."""
+    """$RPG_DATA_DIR, else <clone>/../shared/data in a clone, else the user's data folder (module
+    docstring). Not checked for existence here."""
     env = os.environ.get("RPG_DATA_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
+    root = Path(__file__).resolve().parents[2]            # a clone's root holds pyproject.toml
+    if (root / "pyproject.toml").is_file():
+        return root.parent / "shared" / "data"
+    user = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(user) / "rpg-ref" / "data"
 
 
 def resolve(spec: str) -> Path:

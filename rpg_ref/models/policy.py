@@ -87,8 +87,9 @@ class HFPolicy(nn.Module):
                 layer.training = False
 
     def forward(self, *args, **kwargs):
-        # a single forward pass keeps no KV cache (HF's default use_cache=True would allocate one)
-        if "past_key_values" not in kwargs:
+        # a single forward pass keeps no KV cache (HF's default use_cache=True would allocate one);
+        # a caller's cache comes as "cache" (transformers >= 5.24) or "past_key_values" (before)
+        if "cache" not in kwargs and "past_key_values" not in kwargs:
             kwargs.setdefault("use_cache", False)
         with self._compute():
             return self.module(*args, **kwargs)
