@@ -203,7 +203,8 @@ def run_ours(s: dict, out: Path, model_dir: Path, problems: Path) -> dict:
     from rpg_ref.cli import parse_config
     from rpg_ref.trainer import train
 
-    train.checkpoint_state = train.save_checkpoint = lambda *a, **k: None  # not measured
+    train.checkpoint_state = lambda *a, **k: {}  # nothing saved: not measured
+    train.save_checkpoint = lambda *a, **k: None  # not measured
     train.train(parse_config(ours_argv(s, out / "ours", model_dir, problems)))
     rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
     return {"step_s": [r["time_step"] for r in rows[1:]],

@@ -216,7 +216,8 @@ def run_one(name: str, args, result_file: Path) -> None:
     from rpg_ref.trainer import train
 
     # benchmark: no 16-48 GB checkpoint gathers and writes
-    train.checkpoint_state = train.save_checkpoint = lambda *a, **k: None
+    train.checkpoint_state = lambda *a, **k: {}  # nothing saved: not measured
+    train.save_checkpoint = lambda *a, **k: None
     with tempfile.TemporaryDirectory(prefix=f"gpu-bench-{name}-") as tmp:
         cfg = parse_config(train_argv(name, args, Path(tmp) / "run", model_config(name, Path(tmp))))
         s = train.train(cfg)
