@@ -117,7 +117,8 @@ class Units:
 def units(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor,
           mask: Tensor, level: str) -> Units:
     """Each unit's quantities from per-token log-probs [B, T]; a response's log-ratios are the sums
-    of its tokens'. Log-ratios are clamped: the value at the clamp, the gradient of the formula."""
+    of its tokens'. Beyond +-LOG_RATIO_CLAMP a log-ratio takes the value at the clamp and keeps
+    derivative 1 in log pi_theta, so that value and gradient are the formula's at the clamp."""
     def unit(t):                                                            # a token, or a response
         return t if level == "token" else (t * mask).sum(1, keepdim=True)
 
@@ -192,11 +193,14 @@ def rpg_style_clip(x: Units, c_kl: Tensor, bounds: tuple) -> UnitLoss:
     return UnitLoss(loss, low=low, high=high, dual=dual)
 
 
-def fully_differentiable(x: Units, loss: Tensor, bounds: tuple | None) -> UnitLoss:
-    """L itself, or Algorithm 1's dual clip with the differentiable A_hat = -L/w = A - beta d/w, so
-    that nothing clipped gives L exactly. (The algorithm's example A_hat_RKL = A - beta(log w + 1)
-    contradicts its unclipped line by beta*w: derivations/ERRATA.md.)"""
-    return UnitLoss(loss) if bounds is None else dual_clip(x.w, -loss / x.w, bounds)
+def fully_differentiable(x: Units, d: Tensor, beta: float, bounds: tuple | None) -> UnitLoss:
+    """L = -w A + beta d, or Algorithm 1's dual clip of L = -w A_hat with the differentiable
+    regularized advantage A_hat = A - beta d/w, so that nothing clipped gives L. (The algorithm's
+    example A_hat_RKL = A - beta(log w + 1) contradicts its unclipped line by beta*w:
+    derivations/ERRATA.md.)"""
+    if bounds is None:
+        return UnitLoss(-x.w * x.A + beta * d)                              # L = -w A + beta d
+    return dual_clip(x.w, x.A - beta * d / x.w, bounds)                     # A_hat = A - beta d/w
 
 
 def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
@@ -292,7 +296,7 @@ def surrogate(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_
         "kl_old": aggregate(kl_old, m, "token", "token-mean")}     # per token at any level
 
 
-# --- fully differentiable family: L = -w A + beta d ---
+# --- fully differentiable family: L = -w A + beta d, clipped as -w A_hat, A_hat = A - beta d/w ---
 
 @register_loss("rpg-fkl", family="rpg", kl="fkl", advantage="group-mean",
                paper="prop:policy_gradient_forward_kl")
@@ -301,8 +305,7 @@ def rpg_fkl(x: Units, beta: float, bounds):
     (Proposition E.1 (prop:policy_gradient_forward_kl); Table 4 (tab:off-policy-loss-normalized),
     row Forward KL: E_old[-w R - beta log pi_theta])."""
     d = kl_term(x, "fkl")                                   # d = -u log rho
-    loss = -x.w * x.A + beta * d                            # L = -w A - beta u log rho
-    return fully_differentiable(x, loss, bounds), d
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A - beta u log rho
 
 
 @register_loss("rpg-rkl", family="rpg", kl="rkl", advantage="group-mean",
@@ -312,8 +315,7 @@ def rpg_rkl(x: Units, beta: float, bounds):
     (Proposition E.3 (prop:policy_gradient_reverse_kl); Table 4 (tab:off-policy-loss-normalized),
     row Reverse KL: E_old[w (-R + beta log w)])."""
     d = kl_term(x, "rkl")                                   # d = w log rho
-    loss = -x.w * x.A + beta * d                            # L = -w A + beta w log rho
-    return fully_differentiable(x, loss, bounds), d
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A + beta w log rho
 
 
 @register_loss("rpg-ufkl", family="rpg", kl="ufkl", advantage="group-mean",
@@ -323,8 +325,7 @@ def rpg_ufkl(x: Units, beta: float, bounds):
     (Proposition 3.2 (prop:policy_gradient_unormalized_forward_kl); Table 1 (tab:off-policy-loss),
     row Forward (UFKL): Z_old E[-w R + beta (w - log w - 1)])."""
     d = kl_term(x, "ufkl")                                  # d = u k3(rho) = w - u - u log rho
-    loss = -x.w * x.A + beta * d                            # L = -w A + beta (w - u - u log rho)
-    return fully_differentiable(x, loss, bounds), d
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A + beta (w - u - u log rho)
 
 
 @register_loss("rpg-urkl", family="rpg", kl="urkl", advantage="group-mean",
@@ -335,8 +336,7 @@ def rpg_urkl(x: Units, beta: float, bounds):
     row Reverse (URKL): Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a
     constant)."""
     d = kl_term(x, "urkl")                                  # d = w k3(1/rho) = u - w + w log rho
-    loss = -x.w * x.A + beta * d                            # L = -w A + beta (u - w + w log rho)
-    return fully_differentiable(x, loss, bounds), d
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A + beta (u - w + w log rho)
 
 
 # --- REINFORCE-style family: L = -SG(w A + C_KL) log pi_theta, C_KL = -beta dd/dlog pi_theta
