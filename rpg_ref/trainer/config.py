@@ -25,6 +25,7 @@ import rpg_ref.trainer.rollout_correction as RC
 from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS, TOKEN_LEVEL
 from rpg_ref.registry import ENGINES, TASKS, resolve
 
+
 class Rule(NamedTuple):
     """A numeric field's range: ``ok(value)``, and ``words`` for the message."""
     words: str
