@@ -2,7 +2,7 @@
 
 Subpackages (docs/architecture.md draws them and the direction of their imports):
 ``rpg_ref.core`` (the mathematics: ``losses`` registers every surrogate loss as the paper writes
-it, ``losses_fused`` their closed-form fast path, ``kl``, ``advantages``, ``exact``),
+it, ``kl``, ``advantages``, ``exact``),
 ``rpg_ref.trainer`` (the loop ``train`` and its config, checkpoints, metrics; ``rpg-train`` is
 ``rpg_ref.cli``), ``rpg_ref.tasks`` / ``rpg_ref.engines`` (the plug-ins, following
 ``rpg_ref.interfaces``), ``rpg_ref.models`` (Hugging Face policies), ``rpg_ref.math`` (the math

@@ -10,7 +10,7 @@
 #   .gpu_data/  the shared data the benchmarks read: model configs, the Qwen3 tokenizer,
 #               deepmath_int, the eval sets (RPG_DATA_DIR points there)
 # Then, on the GPU machine, one call per step, carry [".whl", ".gpu_data"]:
-#     bash small_scale/gpu_session.sh tests    # the CUDA tests + the engine/log-prob/loss tests
+#     bash small_scale/gpu_session.sh tests    # the CUDA tests + the engine and log-prob tests
 #     bash small_scale/gpu_session.sh quick    # gpu_bench.py quick: 0.6B, 1.7B, 4B
 #     bash small_scale/gpu_session.sh 4b-2k    # Qwen3-4B, 2,048-token responses: peak memory
 #     bash small_scale/gpu_session.sh 4b-8k    # Qwen3-4B, 8,192-token responses: peak memory
@@ -64,7 +64,7 @@ python3 -c "import torch, transformers, trl; print('torch', torch.__version__, '
 case "$step" in
 tests)
     python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_hf_engine.py \
-        tests/test_logprobs.py tests/test_losses_fused.py 2>&1 | tee "$OUT/tests.log";;
+        tests/test_logprobs.py 2>&1 | tee "$OUT/tests.log";;
 quick)
     python3 small_scale/gpu_bench.py --out "$OUT/gpu.json" 2>&1 | tee "$OUT/quick.log";;
 4b-2k)

@@ -13,7 +13,9 @@ ALL = sorted(L.LOSSES)
 
 
 def _beta_for(name, beta):
-    return L.loss_beta(name, L.default_beta(name, beta))
+    """beta for a loss with a KL term of its own, else 0 (dapo, and reinforce++'s KL in the
+    reward)."""
+    return beta if L.SPECS[name].has_kl and not L.SPECS[name].kl_in_reward else 0.0
 
 
 @settings(max_examples=60, deadline=None)
@@ -26,12 +28,9 @@ def _beta_for(name, beta):
     clip=st.sampled_from([None, (0.2, 0.28, 3.0), (0.1, 0.1, None)]),
     level=st.sampled_from(["token", "sequence"]),
     dtype=st.sampled_from([torch.float32, torch.float64]),
-    impl=st.sampled_from(L.IMPLS),
 )
-def test_finite_under_extreme_log_ratios(name, log_ratio, ref_ratio, adv, beta, clip, level, dtype,
-                                         impl):
-    """Log-ratios up to +-50 (to pi_old and to pi_ref) give finite losses, gradients and stats,
-    in the fused kernel and in the reference."""
+def test_finite_under_extreme_log_ratios(name, log_ratio, ref_ratio, adv, beta, clip, level, dtype):
+    """Log-ratios up to +-50 (to pi_old and to pi_ref) give finite losses, gradients and stats."""
     if level == "sequence" and L.SPECS[name].kl_in_reward:
         level = "token"                                   # refused (test_losses_options.py)
     logp = torch.full((2, 3), -2.0, dtype=dtype, requires_grad=True)
@@ -39,8 +38,7 @@ def test_finite_under_extreme_log_ratios(name, log_ratio, ref_ratio, adv, beta, 
     ref = (logp.detach() - ref_ratio).clone()
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     loss, stats = L.get_loss(name)(logp, old, torch.tensor([adv, -adv], dtype=dtype), mask,
-                                   beta=_beta_for(name, beta), ref_logp=ref, clip=clip, level=level,
-                                   impl=impl)
+                                   beta=_beta_for(name, beta), ref_logp=ref, clip=clip, level=level)
     (g,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss), (name, float(loss))
     assert torch.isfinite(g).all(), (name, g)
@@ -60,7 +58,7 @@ def _call(name="rpg-urkl", **over):
     kw = {
         k: over.pop(k)
         for k in list(over)
-        if k in ("beta", "ref_logp", "clip", "level", "agg", "impl")
+        if k in ("beta", "ref_logp", "clip", "level", "agg")
     }
     a.update(over)
     return L.get_loss(name)(a["logp"], a["old_logp"], a["advantages"], a["mask"], **kw)
@@ -96,34 +94,30 @@ BAD = [
         dict(logp=torch.full((2, 3), 3e38), old_logp=torch.full((2, 3), -3e38)),
         r"logp has non-finite values \(entries too large to sum in torch.float32",
     ),
-    (dict(impl="compiled"), "impl must be one of"),
 ]
 
 
-@pytest.mark.parametrize("impl", L.IMPLS)
 @pytest.mark.parametrize("bad,match", BAD, ids=[m for _, m in BAD])
 @pytest.mark.parametrize("name", ["rpg-urkl", "rpg-reinforce-fkl", "grpo"])
-def test_bad_input_raises_value_error(name, bad, match, impl):
-    """Every bad input gets a ValueError naming what is wrong, from both implementations."""
+def test_bad_input_raises_value_error(name, bad, match):
+    """Every bad input gets a ValueError naming what is wrong."""
     with pytest.raises(ValueError, match=match):
-        _call(name, **{"impl": impl, **bad})
+        _call(name, **bad)
 
 
-@pytest.mark.parametrize("impl", L.IMPLS)
-def test_non_finite_at_masked_position_still_raises(impl):
+def test_non_finite_at_masked_position_still_raises():
     """Non-finite values are refused even where mask = 0 (they are never silently dropped)."""
     with pytest.raises(ValueError, match="logp has non-finite"):
         _call(logp=torch.tensor([[0.0, 0, -float("inf")], [0, 0, 0]]),
-              mask=torch.tensor([[1.0, 1, 0], [1, 1, 1]]), impl=impl)
+              mask=torch.tensor([[1.0, 1, 0], [1, 1, 1]]))
 
 
-@pytest.mark.parametrize("impl", L.IMPLS)
 @pytest.mark.parametrize("name", ["dapo", "reinforce++", "reinforce++-baseline"])
-def test_kl_free_losses_refuse_beta(name, impl):
+def test_kl_free_losses_refuse_beta(name):
     """Losses without a KL term (or with the KL in the reward) refuse beta > 0 instead of ignoring
     it."""
     with pytest.raises(ValueError, match="beta"):
-        _call(name, beta=0.1, impl=impl)
+        _call(name, beta=0.1)
 
 
 @settings(max_examples=40, deadline=None)
@@ -142,11 +136,5 @@ def test_aggregations_match_manual_formula(B, T, seed):
             "seq-mean-token-mean": sum(r / k for r, k in zip(rows, n)) / B,
             "seq-mean-token-sum": sum(rows) / B}
     for agg, w in want.items():
-        for impl in L.IMPLS:
-            loss, _ = L.get_loss("dapo")(lp, lp, A, m, agg=agg, impl=impl)
-            assert math.isclose(loss.item(), w, rel_tol=1e-12, abs_tol=1e-12), (
-                agg,
-                impl,
-                loss.item(),
-                w,
-            )
+        loss, _ = L.get_loss("dapo")(lp, lp, A, m, agg=agg)
+        assert math.isclose(loss.item(), w, rel_tol=1e-12, abs_tol=1e-12), (agg, loss.item(), w)

@@ -1,8 +1,8 @@
 """Rollout correction (rpg_ref/trainer/rollout_correction.py) and the losses' sample_weight.
 
-The weights pi_old / pi_sampler from hand-made log-probs; the losses' sample_weight in both
-implementations (fused == reference to 1e-12, float64) and against per-unit losses computed without
-it; the configuration rules; the trainer end to end with the hf engine. That the weights make the
+The weights pi_old / pi_sampler from hand-made log-probs; the losses' sample_weight on every loss
+and setting, and against per-unit losses computed without it (float64, 1e-12); the configuration
+rules; the trainer end to end with the hf engine. That the weights make the
 expected gradient exact (and what a cap or token-level weights cost) is proved by enumeration in
 derivations/rollout_correction.py (tests/test_derivations.py::test_rollout_correction_*).
 """
@@ -136,43 +136,42 @@ def _inputs(seed):
     return logp, old, ref, adv, mask, weight_tok, weight_seq
 
 
-def _run(name, impl, logp, *args, **kw):
+def _run(name, logp, *args, **kw):
     x = logp.clone().requires_grad_(True)
-    loss, stats = L.get_loss(name)(x, *args, impl=impl, **kw)
+    loss, stats = L.get_loss(name)(x, *args, **kw)
     (grad,) = torch.autograd.grad(loss, x)
     return loss.detach(), grad, stats
 
 
 @pytest.mark.parametrize("name,clip,ref,level,agg,shape", CASES, ids=["-".join(c) for c in CASES])
-def test_sample_weight_fused_equals_reference(name, clip, ref, level, agg, shape):
-    """With a sample_weight ([B, T] per token, or [B] per response), loss and d loss / d logp of
-    impl="fused" equal impl="reference" (float64, 1e-12), the statistics are those without the
-    weight, and the weight changes the loss (it is not ignored)."""
+def test_sample_weight_on_every_loss(name, clip, ref, level, agg, shape):
+    """With a sample_weight ([B, T] per token, or [B] per response): the statistics are those
+    without the weight; the weight changes the gradient (it is not ignored); a constant weight c
+    scales loss and gradient by c (it is not renormalized); a [B] weight at level "token" equals
+    the same weight repeated over each response's tokens (float64, 1e-12)."""
     seed = zlib.crc32(f"{name}{clip}{ref}{level}{agg}".encode())
     logp, old, ref_logp, adv, mask, w_tok, w_seq = _inputs(seed)
-    kw = dict(
-        ref_logp=None if ref == "ref=old" else ref_logp,
-        clip=CLIPS[clip],
-        level=level,
-        agg=agg,
-        beta=L.loss_beta(name, L.default_beta(name, 0.3)),
-    )
+    beta = 0.3 if L.SPECS[name].has_kl and not L.SPECS[name].kl_in_reward else 0.0
+    kw = dict(ref_logp=None if ref == "ref=old" else ref_logp, clip=CLIPS[clip], level=level,
+              agg=agg, beta=beta)
     weight = w_tok if shape == "per-token" else w_seq
-    want = _run(name, "reference", logp, old, adv, mask, sample_weight=weight, **kw)
-    got = _run(name, "fused", logp, old, adv, mask, sample_weight=weight, **kw)
-    plain = _run(name, "fused", logp, old, adv, mask, **kw)
-    for a, b in ((got[0], want[0]), (got[1], want[1])):
-        assert (a - b).abs().max().item() <= TOL * (1 + b.abs().max().item())
+    got = _run(name, logp, old, adv, mask, sample_weight=weight, **kw)
+    plain = _run(name, logp, old, adv, mask, **kw)
     for k, v in plain[2].items():
-        assert torch.equal(got[2][k], v) and abs(want[2][k].item() - v.item()) <= TOL * (
-            1 + abs(v.item())
-        )
+        assert torch.equal(got[2][k], v), k
     assert (got[1] - plain[1]).abs().max() > 1e-3
+    scaled = _run(name, logp, old, adv, mask, sample_weight=torch.full_like(weight, 2.5), **kw)
+    for a, b in ((scaled[0], 2.5 * plain[0]), (scaled[1], 2.5 * plain[1])):
+        assert (a - b).abs().max().item() <= TOL * (1 + b.abs().max().item())
+    if level == "token" and shape == "per-response":
+        spread = _run(name, logp, old, adv, mask, sample_weight=w_seq[:, None].expand_as(mask),
+                      **kw)
+        for a, b in ((spread[0], got[0]), (spread[1], got[1])):
+            assert (a - b).abs().max().item() <= TOL * (1 + b.abs().max().item())
 
 
-@pytest.mark.parametrize("impl", L.IMPLS)
 @pytest.mark.parametrize("level", L.LEVELS)
-def test_sample_weight_multiplies_each_units_term(impl, level):
+def test_sample_weight_multiplies_each_units_term(level):
     """A weighted batch loss is sum_i c_i l_i / n (token-mean over single-token rows, or
     seq-mean-token-sum over responses), l_i each row's loss computed alone without a weight: the
     weight multiplies each unit's term and is not renormalized (no division by sum c)."""
@@ -181,7 +180,7 @@ def test_sample_weight_multiplies_each_units_term(impl, level):
         logp, old, ref = logp[:, :1], old[:, :1], ref[:, :1]
         mask = torch.ones(len(adv), 1, dtype=torch.float64)
     agg = "token-mean" if level == "token" else "seq-mean-token-sum"
-    kw = dict(ref_logp=ref, beta=0.3, clip=(0.2, 0.28, 3.0), level=level, agg=agg, impl=impl)
+    kw = dict(ref_logp=ref, beta=0.3, clip=(0.2, 0.28, 3.0), level=level, agg=agg)
     fn = L.get_loss("rpg-reinforce-rkl")
     x = logp.clone().requires_grad_(True)
     loss, _ = fn(x, old, adv, mask, sample_weight=w_seq, **kw)
@@ -215,11 +214,8 @@ def test_sample_weight_multiplies_each_units_term(impl, level):
 ])
 def test_bad_sample_weight_is_refused(weight, level, msg):
     logp, old, _, adv, mask, _, _ = _inputs(0)
-    for impl in L.IMPLS:
-        with pytest.raises(ValueError, match=msg):
-            L.get_loss("rpg-urkl")(
-                logp, old, adv, mask, sample_weight=weight, level=level, impl=impl
-            )
+    with pytest.raises(ValueError, match=msg):
+        L.get_loss("rpg-urkl")(logp, old, adv, mask, sample_weight=weight, level=level)
 
 
 # ------------------------------------------------------------------------------------------

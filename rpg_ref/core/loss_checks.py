@@ -1,6 +1,6 @@
-"""Input checks of the losses, shared by the reference (rpg_ref/core/losses.py) and the fast kernel
-(rpg_ref/core/losses_fused.py): shapes and dtypes before any work (``check_tensors``), then the data
-(``data_checks``, reduced in the kernel's own pass, and ``refuse_bad_data``, one host sync)."""
+"""Input checks of the losses (rpg_ref/core/losses.py): shapes and dtypes before any work
+(``check_tensors``, ``check_sample_weight``), then the data (``data_checks``: three numbers reduced
+on the device; ``refuse_bad_data``: one host sync, then a ValueError naming the argument)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ import math
 
 import torch
 from torch import Tensor
-
-
-def row_sum(x: Tensor) -> Tensor:
-    """Sum of a [B, T] or [B, 1] tensor, by rows first: the fused kernel then computes every
-    reduction inside its one row-wise pass instead of materializing [B, T] intermediates."""
-    return x.sum(1).sum()
 
 
 def check_tensors(logp, old_logp, advantages, mask, ref_logp, level: str) -> None:
@@ -85,11 +79,11 @@ def refuse_bad_data(checks: Tensor, logp, old_logp, advantages, mask, ref_logp) 
 
 def data_checks(mask: Tensor, n_tok: Tensor, log_w: Tensor, log_rho: Tensor | None,
                 advantages: Tensor) -> Tensor:
-    """[entries of mask not 0/1, sum of all log-ratios and advantages, empty rows], reduced in the
-    kernel's pass. log p - log q is finite iff both are, so the sum is finite iff every input is
-    (or the entries are so large that the sum overflows: refuse_bad_data names that too)."""
+    """[entries of mask not 0/1, sum of all log-ratios and advantages, empty rows]. log p - log q
+    is finite iff both are, so the sum is finite iff every input is (or the entries are so large
+    that the sum overflows: refuse_bad_data names that too)."""
     dt = log_w.dtype
-    total = row_sum(log_w) + advantages.sum() + (0.0 if log_rho is None else row_sum(log_rho))
-    mask_bad = (row_sum(((mask != 0) & (mask != 1)).to(dt)) if mask.dtype != torch.bool
+    total = log_w.sum() + advantages.sum() + (0.0 if log_rho is None else log_rho.sum())
+    mask_bad = (((mask != 0) & (mask != 1)).sum().to(dt) if mask.dtype != torch.bool
                 else torch.zeros((), dtype=dt, device=log_w.device))
     return torch.stack([mask_bad, total, (n_tok == 0).sum().to(dt)])

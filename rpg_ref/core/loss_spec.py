@@ -1,9 +1,9 @@
-"""What a loss is besides its formula, and the rules of its options, stated once.
+"""What a loss is besides its formula, and the checks of a clip and of a KL coefficient.
 
-``LossSpec`` describes a loss of rpg_ref.core.losses (its family, its KL term, its defaults); both
-the reference formulas and the fast kernel read it. ``LossOptions`` is a loss's options resolved and
-validated once (``resolve``): the trainer builds one per run (rpg_ref.trainer.config.loss_options)
-and passes it to every call; a library call with loose keywords resolves them on its first call.
+``LossSpec`` describes a loss of rpg_ref.core.losses (its family, its KL term, its defaults).
+``LossOptions`` is a loss's options resolved and validated, by
+rpg_ref.core.losses.resolve_options: the trainer resolves them once per run
+(rpg_ref.trainer.config.loss_options) and passes them to every call.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ FAMILIES = ("rpg", "rpg-reinforce", "baseline")
 
 @dataclass(frozen=True, kw_only=True)
 class LossSpec:
-    """What a trainer (and the fast kernel) needs to know about a loss besides calling it."""
+    """What a trainer needs to know about a loss besides calling it."""
     name: str
     family: str                 # FAMILIES: "rpg" (fully differentiable), "rpg-reinforce" (stop-
                                 # gradient weight) or "baseline" (PPO clip on A)
@@ -52,7 +52,7 @@ class LossSpec:
 
 @dataclass(frozen=True)
 class LossOptions:
-    """A loss's options, validated: the loop resolves them once and passes this to every call."""
+    """A loss's options, validated (rpg_ref.core.losses.resolve_options)."""
     loss: str                   # the loss they were resolved for
     beta: float                 # the loss's KL coefficient (0 where the KL is in the reward)
     reward_beta: float          # the KL coefficient of the reward (reinforce++ advantages), else 0
@@ -94,39 +94,3 @@ def check_beta(beta) -> None:
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (
             math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-
-
-def resolve(spec: LossSpec, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
-            no_clip: bool = False, reward_beta=0.0, run: bool = False) -> LossOptions:
-    """The options of the loss ``spec`` checked (a one-line ValueError for the first violation)
-    and resolved: clip=None means the loss's default_clip. ``beta`` is the loss's own, or with
-    run=True a training run's: it then goes to the reward where the loss puts its KL there
-    (reinforce++: reward_beta), else to the loss."""
-    name = spec.name
-    check_beta(beta)
-    if run:
-        beta, reward_beta = (0.0, beta) if spec.kl_in_reward else (beta, 0.0)
-    check_beta(reward_beta)
-    if beta != 0 and not spec.has_kl:
-        raise ValueError(f"{name} has no KL term; got beta={beta}: use beta=0")
-    if reward_beta != 0 and not spec.kl_in_reward:
-        raise ValueError(f"{name} has no KL in the reward; got reward_beta={reward_beta}: use 0")
-    if beta != 0 and spec.kl_in_reward:
-        raise ValueError(f"{name} puts its k1 KL penalty into the reward: pass beta to "
-                         f"rpg_ref.core.advantages.reinforce_pp and call the loss with beta=0; "
-                         f"got beta={beta}")
-    eps = parse_clip(clip)
-    if no_clip and clip is not None:
-        raise ValueError(f"clip {clip} and no_clip together: give one of them")
-    if no_clip and spec.always_clips:
-        raise ValueError(f"no_clip: {name} is a PPO-type loss that always clips; pass a wide clip "
-                         f"instead, e.g. (0.99, 100)")
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
-    if level == "sequence" and spec.kl_in_reward:
-        raise ValueError(f"{name} has token-level advantages and cannot run at level='sequence'")
-    eps = eps if eps is not None else parse_clip(spec.default_clip)
-    bounds = None if eps is None else (1.0 - eps[0], 1.0 + eps[1], eps[2])
-    return LossOptions(name, float(beta), float(reward_beta), bounds, level, agg)

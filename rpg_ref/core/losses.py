@@ -1,25 +1,22 @@
 """Every surrogate loss of the RPG paper and its baselines, written as the paper writes it.
 
-This module is the specification: each loss is one function of the paper's per-sample quantities
-(Section 3 (sec:offpolicy_policy_gradients)), registered under its literal name; the paper is cited
-as "Proposition 3.2 (prop:...)": the PDF's number, then the LaTeX label
+This module is the specification and the code that trains: each loss is one function of the
+paper's per-sample quantities (Section 3 (sec:offpolicy_policy_gradients)), registered under its
+literal name, and ``LOSSES[name](...)`` runs that function, differentiated by autograd. The paper
+is cited as "Proposition 3.2 (prop:...)": the PDF's number, then the LaTeX label
 (derivations/paper_numbers.txt). A unit x, sampled from the behaviour policy pi_old, is a token
 (``level="token"``, as verl and the paper's code apply the losses) or a whole response
 (``level="sequence"``):
 
-    w   = pi_theta(x) / pi_old(x)      importance ratio          (differentiable)
-    rho = pi_theta(x) / pi_ref(x)      ratio to the reference    (differentiable)
-    u   = pi_ref(x)  / pi_old(x)       = w / rho                 (constant)
-    A   = advantages (R - b; pass R itself for the paper's literal formulas)
-
-``LOSSES[name](...)`` runs the closed-form kernel of rpg_ref/core/losses_fused.py (faster; the same
-values, gradients and statistics to 1e-12: tests/test_losses_reference.py); ``impl="reference"``
-runs the functions below through autograd.
+    w       = pi_theta(x) / pi_old(x)      importance ratio          (differentiable)
+    log_rho = log(pi_theta(x) / pi_ref(x)) log-ratio to the reference (differentiable)
+    u       = pi_ref(x)  / pi_old(x)       = w / rho                 (constant)
+    A       = advantages (R - b; pass R itself for the paper's literal formulas)
 
 Beyond the paper, which assumes pi_ref = pi_old (u = 1, rho = w): with ``ref_logp`` every rpg loss
 keeps E_old[grad L] = -grad J, J = E_theta[A] - beta D(pi_theta, pi_ref), because its KL part d(x)
 has E_old[d] = D for every theta. Each d is the paper's term up to a theta-independent constant
-(same gradient), chosen so that ``stats["kl"]`` estimates D itself.
+(same gradient), chosen so that ``stats["kl"]`` estimates D itself (rpg_ref/core/divergences.py).
 
 Numerics: inputs are upcast to at least float32; log-ratios are clamped to +-LOG_RATIO_CLAMP
 before exp() (outside, value and gradient are those at the clamp: finite, the weight saturates);
@@ -30,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -50,17 +46,13 @@ from rpg_ref.core.loss_spec import (
     LossSpec,
     check_beta,
     parse_clip,
-    resolve,
 )
-from rpg_ref.core.losses_fused import FUSED_LOSSES, fused_loss
 
 __all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions",
-           "LossSpec", "UnitLoss", "Units", "cached_options", "check_beta", "check_options",
-           "default_beta", "dual_clip", "get_loss", "loss_beta", "parse_clip", "register_loss",
-           "rpg_style_clip", "run_options"]
+           "LossSpec", "UnitLoss", "Units", "aggregate", "check_beta", "dual_clip", "get_loss",
+           "parse_clip", "register_loss", "resolve_options", "rpg_style_clip"]
 
 LOG_RATIO_CLAMP = 40.0  # e^40 ~ 2.4e17; products of two such ratios stay finite in float32
-IMPLS = ("fused", "reference")
 
 LOSSES: dict[str, Callable] = {}
 SPECS: dict[str, LossSpec] = {}
@@ -73,54 +65,44 @@ def get_loss(name: str) -> Callable:
     return LOSSES[name]
 
 
-# --- a loss's options by its name (the rules themselves: rpg_ref/core/loss_spec.py) ---
+# --- a loss's options, resolved and checked ---
 
-def check_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
-                  no_clip: bool = False) -> LossOptions:
-    """Refuse bad options of the loss ``name`` (a one-line ValueError for the first violation);
-    return them resolved. ``beta`` is the loss's own (see loss_beta)."""
-    spec = get_loss(name).spec
-    return resolve(spec, beta=beta, clip=clip, level=level, agg=agg, no_clip=no_clip)
-
-
-def run_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
-                no_clip: bool = False) -> LossOptions:
-    """The options of a training run, whose ``beta`` is the user's KL coefficient: it goes to the
-    reward where the loss puts its KL there (reinforce++: reward_beta), else to the loss."""
-    spec = get_loss(name).spec
-    return resolve(spec, beta=beta, clip=clip, level=level, agg=agg, no_clip=no_clip, run=True)
-
-
-@lru_cache(maxsize=256, typed=True)
-def _cached_options(name, beta, clip, level, agg) -> LossOptions:
-    return check_options(name, beta=beta, clip=clip, level=level, agg=agg)
-
-
-def cached_options(name: str, *, beta, clip=None, level: str = "token",
-                   agg: str = "token-mean") -> LossOptions:
-    """check_options, remembered: a library call's loose options are resolved on their first use
-    and looked up after that (nothing is re-parsed per micro-batch)."""
-    key = tuple(clip) if isinstance(clip, list) else clip
-    try:
-        hash((name, beta, key, level, agg))
-    except TypeError:                                   # unhashable: refused (or resolved) afresh
-        return check_options(name, beta=beta, clip=clip, level=level, agg=agg)
-    return _cached_options(name, beta, key, level, agg)
-
-
-def loss_beta(name: str, beta: float) -> float:
-    """The beta the loss itself receives: 0 where the KL lives in the reward (reinforce++: beta,
-    checked here, goes to rpg_ref.core.advantages.reinforce_pp), else beta."""
+def resolve_options(name: str, *, beta, clip=None, level: str = "token", agg: str = "token-mean",
+                    no_clip: bool = False, run: bool = False) -> LossOptions:
+    """The options of the loss ``name`` checked (a one-line ValueError for the first violation)
+    and resolved: clip=None means the loss's default_clip. ``beta`` is the loss's own KL
+    coefficient; with run=True it is a training run's, and goes to the reward where the loss puts
+    its KL there (reinforce++: reward_beta), else to the loss."""
+    get_loss(name)                                      # an unknown name lists the valid ones
+    spec = SPECS[name]
     check_beta(beta)
-    return 0.0 if get_loss(name).spec.kl_in_reward else beta
+    reward_beta = 0.0
+    if run and spec.kl_in_reward:
+        beta, reward_beta = 0.0, beta
+    if beta != 0 and not spec.has_kl:
+        raise ValueError(f"{name} has no KL term; got beta={beta}: use beta=0")
+    if beta != 0 and spec.kl_in_reward:
+        raise ValueError(f"{name} puts its k1 KL penalty into the reward: pass beta to "
+                         f"rpg_ref.core.advantages.reinforce_pp and call the loss with beta=0; "
+                         f"got beta={beta}")
+    eps = parse_clip(clip)
+    if no_clip and clip is not None:
+        raise ValueError(f"clip {clip} and no_clip together: give one of them")
+    if no_clip and spec.always_clips:
+        raise ValueError(f"no_clip: {name} is a PPO-type loss that always clips; pass a wide clip "
+                         f"instead, e.g. (0.99, 100)")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
+    if level == "sequence" and spec.kl_in_reward:
+        raise ValueError(f"{name} has token-level advantages and cannot run at level='sequence'")
+    eps = eps if eps is not None else parse_clip(spec.default_clip)
+    bounds = None if eps is None else (1.0 - eps[0], 1.0 + eps[1], eps[2])
+    return LossOptions(name, float(beta), float(reward_beta), bounds, level, agg)
 
 
-def default_beta(name: str, beta: float) -> float:
-    """The beta to use when the user gave none: 0 for a loss with no KL at all (dapo), else beta."""
-    return beta if get_loss(name).spec.has_kl else 0.0
-
-
-# --- the per-unit quantities and the two clipping algorithms ---
+# --- the per-unit quantities, and how per-unit values become one number ---
 
 @dataclass
 class Units:
@@ -128,10 +110,44 @@ class Units:
     logp: Tensor            # log pi_theta(x): the only input with a gradient (ell = -logp)
     w: Tensor               # pi_theta / pi_old
     log_rho: Tensor         # log(pi_theta / pi_ref)
-    rho: Tensor
     u: Tensor               # pi_ref / pi_old, constant (ones when pi_ref = pi_old)
     A: Tensor               # advantages, constant: [B, 1] or [B, T]
 
+
+def units(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor,
+          mask: Tensor, level: str) -> Units:
+    """Each unit's quantities from per-token log-probs [B, T]; a response's log-ratios are the sums
+    of its tokens'. Beyond +-LOG_RATIO_CLAMP a log-ratio takes the value at the clamp and keeps
+    derivative 1 in log pi_theta, so that value and gradient are the formula's at the clamp."""
+    def unit(t):                                                            # a token, or a response
+        return t if level == "token" else (t * mask).sum(1, keepdim=True)
+
+    def clamped(t):
+        return t + (t.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) - t).detach()
+
+    log_w = clamped(unit(logp - old_logp))
+    log_rho = log_w if ref_logp is None else clamped(unit(logp - ref_logp))
+    u = (torch.ones_like(log_w) if ref_logp is None else
+         unit(ref_logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp())
+    A = advantages[:, None] if advantages.dim() == 1 else advantages
+    return Units(logp=unit(logp), w=log_w.exp(), log_rho=log_rho, u=u.detach(), A=A)
+
+
+def aggregate(values: Tensor, mask: Tensor, level: str, agg: str) -> Tensor:
+    """One number from per-unit values ([B, T] tokens or [B, 1] responses; a response counts as its
+    tokens' sum): token-mean = sum / tokens; seq-mean-token-mean = mean over responses of sum /
+    the response's tokens; seq-mean-token-sum = mean over responses of sum."""
+    n = mask.sum(1)                                                         # [B] tokens per row
+    rows = (values * mask).sum(1) if level == "token" else values[:, 0]     # [B] each row's sum
+    if agg == "token-mean":
+        return rows.sum() / n.sum()
+    return (rows / n).mean() if agg == "seq-mean-token-mean" else rows.mean()
+
+
+UNIT_MEAN = {"token": "token-mean", "sequence": "seq-mean-token-sum"}   # the mean over units
+
+
+# --- the two clipping algorithms ---
 
 class UnitLoss(NamedTuple):
     """Per-unit loss and the clip branch each unit took (None: the branch does not exist)."""
@@ -177,11 +193,14 @@ def rpg_style_clip(x: Units, c_kl: Tensor, bounds: tuple) -> UnitLoss:
     return UnitLoss(loss, low=low, high=high, dual=dual)
 
 
-def fully_differentiable(x: Units, loss: Tensor, bounds: tuple | None) -> UnitLoss:
-    """L itself, or Algorithm 1's dual clip with the differentiable A_hat = -L/w = A - beta d/w, so
-    that nothing clipped gives L exactly. (The algorithm's example A_hat_RKL = A - beta(log w + 1)
-    contradicts its unclipped line by beta*w: derivations/ERRATA.md.)"""
-    return UnitLoss(loss) if bounds is None else dual_clip(x.w, -loss / x.w, bounds)
+def fully_differentiable(x: Units, d: Tensor, beta: float, bounds: tuple | None) -> UnitLoss:
+    """L = -w A + beta d, or Algorithm 1's dual clip of L = -w A_hat with the differentiable
+    regularized advantage A_hat = A - beta d/w, so that nothing clipped gives L. (The algorithm's
+    example A_hat_RKL = A - beta(log w + 1) contradicts its unclipped line by beta*w:
+    derivations/ERRATA.md.)"""
+    if bounds is None:
+        return UnitLoss(-x.w * x.A + beta * d)                              # L = -w A + beta d
+    return dual_clip(x.w, x.A - beta * d / x.w, bounds)                     # A_hat = A - beta d/w
 
 
 def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
@@ -192,20 +211,25 @@ def reinforce(x: Units, c_kl: Tensor, bounds: tuple | None) -> UnitLoss:
     return rpg_style_clip(x, c_kl, bounds)
 
 
-# --- registry, and the call both implementations share ---
+def kl_term(x: Units, kl: str) -> Tensor:
+    """d(x) of the row ``kl`` of DIVERGENCES: E_old[d] = D(pi_theta, pi_ref) for every theta."""
+    return DIVERGENCES[kl].estimate(x.w, x.log_rho, x.u)
+
+
+# --- registry: the call every loss shares ---
 
 _CALL_DOC = """
 
     Call: (logp, old_logp, advantages, mask, *, beta=0, ref_logp=None, clip=None, level="token",
-    agg="token-mean", sample_weight=None, impl="fused", options=None). logp, old_logp, mask (0/1,
-    a token in every row), ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper).
-    advantages: [B] or [B, T] ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf:
-    no dual clip. agg: token-mean, seq-mean-token-mean or seq-mean-token-sum. sample_weight: None,
-    or a constant weight >= 0 of each unit's loss term before aggregation, [B, T] (level "token")
-    or [B] (one per response, any level): the rollout correction's pi_old / pi_sampler
-    (rpg_ref.trainer.rollout_correction). impl: "fused" or "reference" (autograd). options: a
-    LossOptions resolved once for this loss (rpg_ref.core.losses.check_options or run_options),
-    instead of beta, clip, level and agg (a trainer's per-call path).
+    agg="token-mean", sample_weight=None, options=None). logp, old_logp, mask (0/1, a token in
+    every row), ref_logp: [B, T]; ref_logp None means pi_ref = pi_old (the paper). advantages: [B]
+    or [B, T] ([B] at level "sequence"). clip: (eps_low, eps_high, c), c None/inf: no dual clip.
+    agg: token-mean, seq-mean-token-mean or seq-mean-token-sum. sample_weight: None, or a constant
+    weight >= 0 of each unit's loss term before aggregation, [B, T] (level "token") or [B] (one per
+    response, any level): the rollout correction's pi_old / pi_sampler
+    (rpg_ref.trainer.rollout_correction). options: a LossOptions resolved for this loss
+    (rpg_ref.core.losses.resolve_options) instead of beta, clip, level and agg: a trainer resolves
+    them once and passes them to every call.
     Returns (loss, stats): stats are detached 0-dim tensors clip_frac_low, clip_frac_high,
     clip_frac_dual, ratio_mean, kl (the divergence estimate, mean over units) and kl_old (token-mean
     estimate of KL(pi_theta || pi_old)).
@@ -220,24 +244,16 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
 
     def register(formula: Callable) -> Callable:
         def loss_fn(logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, clip=None,
-                    level="token", agg="token-mean", sample_weight=None, impl="fused",
-                    options=None):
-            if impl not in IMPLS:
-                raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+                    level="token", agg="token-mean", sample_weight=None, options=None):
             if options is None:
-                options = cached_options(name, beta=beta, clip=clip, level=level, agg=agg)
+                options = resolve_options(name, beta=beta, clip=clip, level=level, agg=agg)
             elif not isinstance(options, LossOptions) or options.loss != name:
                 raise ValueError(f"{name}: options must be a LossOptions resolved for {name} "
-                                 f"(rpg_ref.core.losses.check_options), got {options!r}")
+                                 f"(rpg_ref.core.losses.resolve_options), got {options!r}")
             elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
                 raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
-            check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
-            check_sample_weight(sample_weight, logp, options.level)
-            if impl == "fused" and name in FUSED_LOSSES:
-                return fused_loss(spec, options, logp, old_logp, advantages, mask, ref_logp,
-                                  clamp=LOG_RATIO_CLAMP, sample_weight=sample_weight)
-            return reference_loss(formula, options, logp, old_logp, advantages, mask, ref_logp,
-                                  sample_weight)
+            return surrogate(formula, options, logp, old_logp, advantages, mask, ref_logp,
+                             sample_weight)
         loss_fn.__name__ = loss_fn.__qualname__ = formula.__name__
         loss_fn.__doc__ = formula.__doc__.strip() + _CALL_DOC
         loss_fn.spec, loss_fn.formula = spec, formula
@@ -246,67 +262,41 @@ def register_loss(name: str, *, paper: str, **fields) -> Callable:
     return register
 
 
-def reference_loss(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_logp,
-                   sample_weight=None):
-    """formula's units, loss and statistics through autograd: what a level, an aggregation and
-    each statistic mean (the fused kernel answers to this). Shapes: checked by the caller."""
-    level, agg = opts.level, opts.agg
+def surrogate(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_logp,
+              sample_weight=None):
+    """The loss ``formula`` on a batch: its units, its per-unit loss aggregated, its statistics
+    (detached). The gradient is autograd's, through the formula."""
+    check_tensors(logp, old_logp, advantages, mask, ref_logp, opts.level)
+    check_sample_weight(sample_weight, logp, opts.level)
     dt = torch.promote_types(logp.dtype, torch.float32)                     # at least float32
     lp, m = logp.to(dt), mask.to(dt)
     old, adv = old_logp.detach().to(dt), advantages.detach().to(dt)
     ref = None if ref_logp is None else ref_logp.detach().to(dt)
-    n = m.sum(1)                                                            # [B] tokens per row
-    checks = data_checks(mask, n, (lp - old).detach(), None if ref is None else (lp - ref).detach(),
-                         adv)
+    log_w_tok = (lp - old).detach()                                         # [B, T] per token
+    checks = data_checks(mask, m.sum(1), log_w_tok, None if ref is None else lp.detach() - ref, adv)
     refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
 
-    def unit(t):                                                            # a token, or a response
-        return t if level == "token" else (t * m).sum(1, keepdim=True)
-
-    def clamped(t):                                     # the value at the clamp, t's gradient
-        return t + (t.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) - t).detach()
-
-    log_w = clamped(unit(lp - old))
-    log_rho = log_w if ref is None else clamped(unit(lp - ref))
-    x = Units(logp=unit(lp), w=log_w.exp(), log_rho=log_rho, rho=log_rho.exp(),
-              u=torch.ones_like(log_w) if ref is None else clamped(unit(ref - old)).exp(),
-              A=adv[:, None] if adv.dim() == 1 else adv)
+    x = units(lp, old, ref, adv, m, opts.level)
     out, kl = formula(x, opts.beta, opts.bounds)
     unit_loss = out.loss                                                    # [B, T] or [B, 1]
     if sample_weight is not None:                   # each unit's term times its constant weight
         sw = sample_weight.detach().to(dt)
         unit_loss = unit_loss * (sw[:, None] if sw.dim() == 1 else sw)
-
-    rows = (unit_loss * m).sum(1) if level == "token" else unit_loss[:, 0]  # [B] token-sums
-    loss = (rows.sum() / n.sum() if agg == "token-mean" else
-            (rows / n).mean() if agg == "seq-mean-token-mean" else rows.mean())
+    loss = aggregate(unit_loss, m, opts.level, opts.agg)
 
     def mean(t):                                        # over units; a missing clip branch: 0
-        t = torch.zeros_like(log_w) if t is None else t.detach().to(dt)
-        return (t * m).sum() / n.sum() if level == "token" else t.mean()
+        t = torch.zeros_like(x.w) if t is None else t.detach().to(dt)
+        return aggregate(t, m, opts.level, UNIT_MEAN[opts.level])
 
-    lw_t = (lp - old).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)     # per token at any level
-    w_t = lw_t.exp()
+    log_w_tok = log_w_tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    kl_old = DIVERGENCES["urkl"].estimate(log_w_tok.exp(), log_w_tok, 1.0)  # pi_ref = pi_old
     return loss.to(logp.dtype), {
         "clip_frac_low": mean(out.low), "clip_frac_high": mean(out.high),
         "clip_frac_dual": mean(out.dual), "ratio_mean": mean(x.w), "kl": mean(kl),
-        "kl_old": ((w_t * lw_t - w_t + 1) * m).sum() / n.sum()}            # E_old[w log w - w + 1]
+        "kl_old": aggregate(kl_old, m, "token", "token-mean")}     # per token at any level
 
 
-# --- the KL term d of a loss, from the one table of rpg_ref/core/divergences.py ---
-
-def kl_term(x: Units, kl: str) -> Tensor:
-    """d(x) of the row ``kl`` of DIVERGENCES: E_old[d] = D(pi_theta, pi_ref) for every theta."""
-    return DIVERGENCES[kl].estimate(x.w, x.log_rho, x.u)
-
-
-def kl_weight(x: Units, kl: str, beta: float) -> Tensor:
-    """C_KL = -beta w h, h = (dd / d log pi_theta) / w (the row's score): the KL part of a REINFORCE
-    weight w A' = w A + C_KL, so that -C_KL grad log pi_theta = beta grad d."""
-    return -beta * x.w * DIVERGENCES[kl].score(x.w, x.log_rho, x.u / x.w)
-
-
-# --- fully differentiable family: L = -w A + beta d ---
+# --- fully differentiable family: L = -w A + beta d, clipped as -w A_hat, A_hat = A - beta d/w ---
 
 @register_loss("rpg-fkl", family="rpg", kl="fkl", advantage="group-mean",
                paper="prop:policy_gradient_forward_kl")
@@ -315,8 +305,7 @@ def rpg_fkl(x: Units, beta: float, bounds):
     (Proposition E.1 (prop:policy_gradient_forward_kl); Table 4 (tab:off-policy-loss-normalized),
     row Forward KL: E_old[-w R - beta log pi_theta])."""
     d = kl_term(x, "fkl")                                   # d = -u log rho
-    loss = -x.w * x.A + beta * d                            # L = -w A - beta u log rho
-    return fully_differentiable(x, loss, bounds), d
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A - beta u log rho
 
 
 @register_loss("rpg-rkl", family="rpg", kl="rkl", advantage="group-mean",
@@ -326,8 +315,7 @@ def rpg_rkl(x: Units, beta: float, bounds):
     (Proposition E.3 (prop:policy_gradient_reverse_kl); Table 4 (tab:off-policy-loss-normalized),
     row Reverse KL: E_old[w (-R + beta log w)])."""
     d = kl_term(x, "rkl")                                   # d = w log rho
-    loss = -x.w * x.A + beta * d                            # L = -w A + beta w log rho
-    return fully_differentiable(x, loss, bounds), d
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A + beta w log rho
 
 
 @register_loss("rpg-ufkl", family="rpg", kl="ufkl", advantage="group-mean",
@@ -336,9 +324,8 @@ def rpg_ufkl(x: Units, beta: float, bounds):
     """Fully differentiable RPG loss, unnormalized forward KL UKL(pi_ref || pi_theta)
     (Proposition 3.2 (prop:policy_gradient_unormalized_forward_kl); Table 1 (tab:off-policy-loss),
     row Forward (UFKL): Z_old E[-w R + beta (w - log w - 1)])."""
-    d = kl_term(x, "ufkl")                                  # d = w - u - u log rho = u k3(rho)
-    loss = -x.w * x.A + beta * d                            # L = -w A + beta (w - u - u log rho)
-    return fully_differentiable(x, loss, bounds), d
+    d = kl_term(x, "ufkl")                                  # d = u k3(rho) = w - u - u log rho
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A + beta (w - u - u log rho)
 
 
 @register_loss("rpg-urkl", family="rpg", kl="urkl", advantage="group-mean",
@@ -348,19 +335,19 @@ def rpg_urkl(x: Units, beta: float, bounds):
     (Proposition 3.6 (prop:policy_gradient_unormalized_reverse_kl); Table 1 (tab:off-policy-loss),
     row Reverse (URKL): Z_old E[-w R + beta (w log w - w)]; d is the paper's term + u, a
     constant)."""
-    d = kl_term(x, "urkl")                                  # d = u - w + w log rho = w k3(1/rho)
-    loss = -x.w * x.A + beta * d                            # L = -w A + beta (u - w + w log rho)
-    return fully_differentiable(x, loss, bounds), d
+    d = kl_term(x, "urkl")                                  # d = w k3(1/rho) = u - w + w log rho
+    return fully_differentiable(x, d, beta, bounds), d      # L = -w A + beta (u - w + w log rho)
 
 
-# --- REINFORCE-style family: L = -SG(w A + C_KL) log pi_theta; stats["kl"]: the d above ---
+# --- REINFORCE-style family: L = -SG(w A + C_KL) log pi_theta, C_KL = -beta dd/dlog pi_theta
+# (the gradient of beta d is -C_KL grad log pi_theta); stats["kl"]: the d above ---
 
 @register_loss("rpg-reinforce-fkl", family="rpg-reinforce", kl="fkl",
                advantage="group-mean", paper="prop:offpolicy_reinforce_loss_fkl")
 def rpg_reinforce_fkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, forward KL
     (Proposition F.1 (prop:offpolicy_reinforce_loss_fkl): -E_old[SG(w R + beta) log pi_theta])."""
-    c_kl = kl_weight(x, "fkl", beta)                        # w A' = w A + beta u
+    c_kl = beta * x.u                                       # w A' = w A + beta u
     return reinforce(x, c_kl, bounds), kl_term(x, "fkl")
 
 
@@ -370,7 +357,7 @@ def rpg_reinforce_rkl(x: Units, beta: float, bounds):
     """REINFORCE-style RPG loss, reverse KL (Proposition F.4 (prop:offpolicy_reinforce_loss_rkl),
     Eq. (F.2) (eq:loss_rkl_offpolicy_reinforce):
     -E_old[SG(w (R - beta log w - beta)) log pi_theta])."""
-    c_kl = kl_weight(x, "rkl", beta)                        # w A' = w (A - beta (log rho + 1))
+    c_kl = -beta * x.w * (x.log_rho + 1.0)                  # w A' = w (A - beta (log rho + 1))
     return reinforce(x, c_kl, bounds), kl_term(x, "rkl")
 
 
@@ -381,7 +368,7 @@ def rpg_reinforce_ufkl(x: Units, beta: float, bounds):
     (Proposition F.3 (prop:offpolicy_reinforce_loss_ufkl); Table 2 (tab:off-policy-loss-reinforce),
     row Forward (UFKL):
     -E[SG(Z_old (w R - beta (w - 1))) log pi_theta])."""
-    c_kl = kl_weight(x, "ufkl", beta)                       # w A' = w A - beta (w - u)
+    c_kl = -beta * (x.w - x.u)                              # w A' = w A - beta (w - u)
     return reinforce(x, c_kl, bounds), kl_term(x, "ufkl")
 
 
@@ -392,7 +379,7 @@ def rpg_reinforce_urkl(x: Units, beta: float, bounds):
     (Proposition F.5 (prop:offpolicy_reinforce_loss_urkl); Table 2 (tab:off-policy-loss-reinforce),
     row Reverse (URKL):
     -E[SG(Z_old w (R - beta log w)) log pi_theta])."""
-    c_kl = kl_weight(x, "urkl", beta)                       # w A' = w (A - beta log rho)
+    c_kl = -beta * x.w * x.log_rho                          # w A' = w (A - beta log rho)
     return reinforce(x, c_kl, bounds), kl_term(x, "urkl")
 
 

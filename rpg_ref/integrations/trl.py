@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_ref.core.losses import LOSSES, SPECS, check_options, default_beta, parse_clip
+from rpg_ref.core.losses import LOSSES, SPECS, parse_clip, resolve_options
 from rpg_ref.trainer import rollout_correction
 from rpg_ref.trainer.config import PAPER_HPARAMS
 
@@ -118,7 +118,7 @@ class RPGConfig(GRPOConfig):
             raise ValueError(f"rpg_loss {self.rpg_loss!r} cannot run in TRL{why}; choose one of "
                              f"{', '.join(SUPPORTED)}")
         if self.rpg_beta is None:
-            self.rpg_beta = default_beta(self.rpg_loss, PAPER_HPARAMS["beta"])
+            self.rpg_beta = PAPER_HPARAMS["beta"] if SPECS[self.rpg_loss].has_kl else 0.0
         # a PPO-type loss's own; else the paper's RPG clip
         own = SPECS[self.rpg_loss].default_clip
         if self.rpg_dual_clip_c is None:
@@ -165,7 +165,7 @@ def check_trl_settings(args: RPGConfig) -> None:
             name, f"use_bias_correction_kl=False ({name}'s KL term is its own)")
         raise ValueError(f"use_bias_correction_kl={args.use_bias_correction_kl} weights TRL's k3 "
                          f"term, which RPGTrainer replaces by {name}'s KL: set {fix}")
-    check_options(
+    resolve_options(
         name,
         beta=args.rpg_beta,
         clip=rpg_clip(args),
@@ -253,7 +253,7 @@ class RPGTrainer(GRPOTrainer):
                 f"{self.accelerator.num_processes}: on CPU set use_cpu=True (--use_cpu)"
             )
         self.rpg_loss_fn = LOSSES[args.rpg_loss]
-        self.rpg_options = check_options(  # resolved once; every loss call gets this LossOptions
+        self.rpg_options = resolve_options(  # resolved once; every loss call gets these
             args.rpg_loss, beta=args.rpg_beta, clip=rpg_clip(args),
             level=args.rpg_level, agg=LOSS_TYPE_AGG[args.loss_type])
         self.rpg_correction = vllm_correction(args)  # (mode, level, cap) or None

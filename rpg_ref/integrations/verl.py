@@ -20,8 +20,8 @@ Actor-config keys read (actor_rollout_ref.actor.*):
                                else verl would add its own, unweighted KL on top: ValueError)
     clip_ratio_low / clip_ratio_high (fall back to clip_ratio)   eps_low, eps_high
     clip_ratio_c               dual-clip bound c (> 1, inf: none); the "-noclip" names ignore all
-                               three (checked by rpg_ref.core.losses.parse_clip, the loss options'
-                               one rule book, on a setting's first call, then looked up)
+                               three (checked on each call by
+                               rpg_ref.core.losses.resolve_options, the loss options' one rule book)
     loss_agg_mode              token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean,
                                seq-mean-token-sum-norm
     global_batch_info          dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from rpg_ref.core.losses import LOSSES, SPECS, cached_options, parse_clip
+from rpg_ref.core.losses import LOSSES, SPECS, parse_clip, resolve_options
 
 BASE_NAMES = [n for n in LOSSES if SPECS[n].family in ("rpg", "rpg-reinforce")] + ["grpo-corrected"]
 REGISTERED = BASE_NAMES + [f"{n}-noclip" for n in BASE_NAMES if not SPECS[n].always_clips]
@@ -76,7 +76,7 @@ def read_config(config, clipped: bool) -> tuple[float, tuple | None]:
 
 
 def _config_values(config, clipped: bool) -> tuple[float, tuple | None]:
-    """(beta, clip as verl's config gives it): the key of cached_options' remembered settings."""
+    """(beta, clip as verl's config gives it), checked by resolve_options on each call."""
     if config is None:
         raise ValueError("rpg losses need verl's actor config (beta = kl_loss_coef, clip ratios)")
     if _get(config, "use_kl_loss", False):
@@ -143,8 +143,8 @@ def _make(name: str):
                 f"algorithm.rollout_correction for this loss"
             )
         beta, clip = _config_values(config, clipped)
-        options = cached_options(base, beta=beta, clip=clip, level="token",
-                                 agg=_agg_plan(loss_agg_mode))
+        options = resolve_options(base, beta=beta, clip=clip, level="token",
+                                  agg=_agg_plan(loss_agg_mode))
         info = dict(_get(config, "global_batch_info", {}) or {})
         # [B, T]
         mask = response_mask.to(log_prob.dtype if log_prob.is_floating_point() else torch.float32)

@@ -25,10 +25,6 @@ import rpg_ref.trainer.rollout_correction as RC
 from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS, TOKEN_LEVEL
 from rpg_ref.registry import ENGINES, TASKS, resolve
 
-# TEMPORARY shim, removed at merge: the losses' one options function, until it lands there
-if not hasattr(L, "resolve_options"):
-    L.resolve_options = lambda name, run=True, **kw: L.run_options(name, **kw)
-
 
 class Rule(NamedTuple):
     """A numeric field's range: ``ok(value)``, and ``words`` for the message."""
