@@ -67,6 +67,28 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def read_study_rows(path: Path) -> list[dict]:
+    """The rows of a study's results file, small_scale/results/<study>.jsonl (one finished run a
+    line, written by small_scale/study.py); [] when there is none. A last line without its
+    newline is a write cut short by a kill: dropped (the runner cuts it off before its next
+    write). Any other line that is not a JSON object is an error naming it."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    rows = []
+    for i, line in enumerate(text[: text.rfind("\n") + 1].splitlines()):
+        try:
+            row = strict_json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i + 1}: not a JSON object ({e}); the file is corrupt: "
+                             f"restore it from git") from e
+        if not isinstance(row, dict) or not {"cell", "seed"} <= set(row):
+            raise ValueError(f"{path}:{i + 1}: a row without cell and seed")
+        rows.append(row)
+    return rows
+
+
 def read_experiment_log(path: Path) -> dict:
     """{"experiment", "invocation", "runs": {run: {seed: {"config", "summary", "metrics"}}}} of one
     experiment's log file (layout in the module docstring); seeds in increasing order."""
