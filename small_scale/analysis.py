@@ -54,6 +54,7 @@ SIDES = ("greater", "less", "two-sided")
 SUPPORTED, CONTRADICTED = "supported at this scale", "contradicted at this scale"
 POWER = 0.8
 CONFIDENCE = 0.95
+NAMES = {"fkl": "forward", "rkl": "reverse"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,12 +255,47 @@ def analyse(spec: dict, rows: list[dict]) -> dict:
                                           alpha)
     if "select" in an:
         out["select"] = select(spec, rows)
+    if "optima" in an:
+        out["optima"] = optima(rows, an["optima"], spec)
     out["cpu_h"] = sum(r["cpu_s"] for r in rows) / 3600
     out["wall_h"] = sum(r["wall_s"] for r in rows) / 3600
     out["env"] = sorted({(r.get("commit") or "?")[:10] + (" (dirty)" if r.get("dirty") else "")
                          + f", torch {r.get('torch')}, transformers {r.get('transformers')}, "
                          f"{r.get('cpu')}" for r in rows})
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the bandit: which KL-regularized optimum each loss reaches
+# ----------------------------------------------------------------------------------------------
+
+def optima(rows: list[dict], cells: list, spec: dict) -> dict:
+    """Per cell and seed: the total-variation distance of the final policy to the analytic
+    optimum of E_p[R] - beta KL(ref || p) (forward) and of E_p[R] - beta KL(p || ref) (reverse),
+    from each run's summary (policy, ref_policy, rewards, beta)."""
+    from rpg_ref.tasks.bandit import kl_regularized_optimum
+    out = {}
+    for r in rows:
+        if r["cell"] not in cells:
+            continue
+        sm = r["summary"]
+        p = np.asarray(sm["policy"], float)
+        tv = {d: float(0.5 * np.abs(p - kl_regularized_optimum(
+            np.asarray(sm["ref_policy"]), np.asarray(sm["rewards"]), sm["beta"], d)).sum())
+              for d in ("fkl", "rkl")}
+        out.setdefault(r["cell"], {})[r["seed"]] = tv
+    return {c: out[c] for c in cells if c in out}
+
+
+def optima_rows(a: dict) -> list[str]:
+    L = ["| cell | seeds | TV to the forward-KL optimum (mean, max) | TV to the reverse-KL optimum "
+         "(mean, max) |", "|---|---|---|---|"]
+    for cell, per_seed in a["optima"].items():
+        f = [v["fkl"] for v in per_seed.values()]
+        r = [v["rkl"] for v in per_seed.values()]
+        L.append(f"| {a['cells'][cell]['label']} | {len(f)} | {np.mean(f):.4f}, {max(f):.4f} | "
+                 f"{np.mean(r):.4f}, {max(r):.4f} |")
+    return L
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,6 +426,10 @@ def report(a: dict) -> str:
             L.append(f"| {name} | **chosen: {s['choice']}** | "
                      f"{'inside' if s['inside_range'] else 'outside'} the range | | "
                      f"{'complete' if s['complete'] else 'incomplete'} |")
+    if "optima" in a:
+        L += ["", "Distance of the final policy to each KL-regularized optimum "
+              "(rpg_ref.tasks.bandit.kl_regularized_optimum; each seed draws its own pi_ref):",
+              "", *optima_rows(a)]
     L += ["", f"Cost: {a['cpu_h']:.2f} CPU-h, {a['wall_h']:.2f} h summed run wall time. "
           f"Code and machine: {'; '.join(a['env'])}."]
     return "\n".join(L) + "\n"
@@ -424,6 +464,24 @@ def plot_levels(spec: dict, a: dict, out: Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths += save(fig, out, f"{spec['name']}_{fig_spec['name']}")
+    if a.get("optima"):
+        cells = list(a["optima"])
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(cells)), 3.4))
+        for i, cell in enumerate(cells):
+            for j, (d, color) in enumerate((("fkl", "tab:blue"), ("rkl", "tab:orange"))):
+                v = [x[d] for x in a["optima"][cell].values()]
+                ax.bar(i + 0.4 * j - 0.2, np.mean(v), 0.38, color=color, alpha=0.6,
+                       label=None if i else f"TV to the {NAMES[d]}-KL optimum")
+                ax.scatter(np.full(len(v), i + 0.4 * j - 0.2), v, color="k", s=8, zorder=3)
+        ax.set_xticks(range(len(cells)), [a["cells"][c]["label"] for c in cells], rotation=40,
+                      ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("TV(final policy, optimum)")
+        ax.set_title(f"{spec['name']}: which KL-regularized optimum each loss reaches "
+                     "(bars: mean, dots: seeds)", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths += save(fig, out, f"{spec['name']}_optima")
     if a.get("collapse", {}).get("rates"):
         rates = a["collapse"]["rates"]
         fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rates)), 3.4))

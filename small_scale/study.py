@@ -15,8 +15,8 @@ pre-registered ``analysis`` (read by small_scale/analysis.py). A value {"calibra
 
 Pairing: seed index s of every cell runs with every flag of ``seed_flags`` set to s (the seq
 studies: --seed s --init-seed s, so the same warm start and the same RL seed), so cells are
-compared seed by seed. Jobs run seed-major across the primary cells first (a partial study is
-balanced), then the other cells seed-major.
+compared seed by seed. Jobs run seed-major across the reference and primary cells first (a
+partial study is balanced), then seed-major across the secondary cells.
 
 Each run is the command a user types: ``python -m rpg_ref.cli FLAGS --seed s ... --out
 RUNS/<study>/<cell>/s<seed> --cache-dir RUNS/cache --threads 1 --no-progress`` (the runner's
@@ -61,7 +61,7 @@ STUDIES = HERE / "studies"
 RESULTS = HERE / "results"
 RUNS = ROOT / "runs" / "study"
 SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "seed_flags", "cells",
-             "outcomes", "series", "analysis"}
+             "outcomes", "series", "analysis", "groups"}
 CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
 ROLES = ("primary", "secondary", "reference")
 RESERVED = {"seed", "init_seed", "out", "resume", "cache_dir", "threads", "progress"}
@@ -173,15 +173,16 @@ def run_folder(runs: Path, study: str, cell: str, seed: int) -> Path:
 
 def jobs_of(spec: dict, runs=RUNS, calibrated: dict | None = None,
             cells: list | None = None) -> list[Job]:
-    """Every (cell, seed) in run order: seed-major over the primary cells, then seed-major over
-    the rest (secondary, then reference)."""
+    """Every (cell, seed) in run order: seed-major over the reference and primary cells (a
+    partial study is balanced and has its warm-start measures), then seed-major over the
+    secondary cells."""
     names = list(spec["cells"]) if cells is None else cells
     bad = [c for c in names if c not in spec["cells"]]
     if bad:
         raise StudyError(f"study {spec['name']}: no cells {bad}; cells: {list(spec['cells'])}")
     out = []
-    for role in ROLES:
-        group = [c for c in names if spec["cells"][c]["role"] == role]
+    for roles in (("reference", "primary"), ("secondary",)):
+        group = [c for c in names if spec["cells"][c]["role"] in roles]
         for s in range(max([spec["cells"][c]["seeds"] for c in group], default=0)):
             for c in group:
                 if s >= spec["cells"][c]["seeds"]:
@@ -221,7 +222,7 @@ def validate(jobs: list[Job], runs: Path) -> None:
                 parse_config(probe)
         except (ValueError, SystemExit) as e:
             msg = (err.getvalue().strip().splitlines() or [str(e)])[-1] if isinstance(
-                e, SystemExit) else str(e)
+                e, SystemExit) else str(e).splitlines()[0]
             raise StudyError(f"cell {j.cell!r}: rpg-train refuses its flags: {msg}") from None
 
 
@@ -531,6 +532,7 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS), help="folder of <study>.jsonl")
     ap.add_argument("--runs", default=str(RUNS), help="run folders (git-ignored)")
     a = ap.parse_args(argv)
+    sys.modules.setdefault("study", sys.modules[__name__])  # analysis.py's `import study`: this
     if a.workers < 1 or (a.max_runs is not None and a.max_runs < 1) or a.nice < 0:
         print("study.py: --workers and --max-runs must be >= 1, --nice >= 0", file=sys.stderr)
         return 2
