@@ -547,6 +547,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(S.RESULTS))
     ap.add_argument("--studies", default=str(S.STUDIES), help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(OUT), help="figures and reports (with --all)")
+    ap.add_argument("--results-md", default=str(RESULTS_MD), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if bool(a.study) == a.all:
         ap.error("name one study, or --all")
@@ -560,7 +561,8 @@ def main(argv=None) -> int:
     except S.StudyError as e:
         print(f"analysis.py: {e}", file=sys.stderr)
         return 2
-    text = RESULTS_MD.read_text()
+    md = Path(a.results_md)
+    text = md.read_text()
     new = fill_blocks(text, blocks)
     if a.check:
         if new != text:
@@ -571,14 +573,14 @@ def main(argv=None) -> int:
     out = Path(a.out)
     for name, body in blocks.items():
         spec = S.load_study(name, a.studies)
-        (out).mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.md").write_text(body)
         res = analyse(spec, S.read_rows(S.results_path(name, a.results)))
         for p in [out / f"{name}.md"] + plot_levels(spec, res, out):
             print(p)
     if new != text:
-        RESULTS_MD.write_text(new)
-        print(f"rewrote the generated blocks of {RESULTS_MD}")
+        md.write_text(new)
+        print(f"rewrote the generated blocks of {md}")
     return 0
 
 

@@ -238,3 +238,35 @@ def test_results_md_equals_the_generator_on_the_committed_results():
     for study in blocks:
         assert A.begin(study) in text, f"RESULTS.md has no generated block for study {study}"
     assert A.fill_blocks(text, blocks) == text, "run: python small_scale/analysis.py --all"
+
+
+def test_all_writes_reports_figures_and_results_md_blocks(tmp_path):
+    """analysis.py --all on a study with results: its report and figures are written, its block
+    in RESULTS.md is filled; --check passes on that file and fails once a number in it is
+    edited."""
+    import json
+    studies, results = tmp_path / "studies", tmp_path / "results"
+    studies.mkdir()
+    spec = {"common": {}, "seeds": 20, "outcomes": {"acc": {"key": "a", "reduce": "last"}},
+            "cells": {c: {"label": c.upper()} for c in SPEC["cells"]},
+            "analysis": {**SPEC["analysis"], "figures": [{
+                "name": "gap", "title": "t", "levels": ["1", "16"],
+                "lines": {"a - b": ["interaction", "off"]}}]}}
+    (studies / "syn.json").write_text(json.dumps(spec))
+    rng = np.random.default_rng(5)
+    for r in synthetic_rows({"on-a": 0.0, "on-b": 0.0, "off-a": -0.1, "off-b": -0.2}, 20, rng):
+        S.append_row(S.results_path("syn", results), r)
+    md = tmp_path / "RESULTS.md"
+    md.write_text(f"# r\n{A.begin('syn')}\n{A.end('syn')}\ntail\n")
+    args = ["--all", "--results", str(results), "--studies", str(studies), "--out",
+            str(tmp_path / "out"), "--results-md", str(md)]
+    assert A.main(args) == 0
+    text = md.read_text()
+    assert A.SUPPORTED in text and text.endswith(f"{A.end('syn')}\ntail\n")
+    assert (tmp_path / "out" / "syn_gap.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "syn.md").read_text() in text
+    assert A.main(args + ["--check"]) == 0
+    cell = A.analyse(S.load_study("syn", studies), S.read_rows(S.results_path("syn", results)))
+    mean = f"{cell['cells']['on-a']['mean']:.3f}"
+    md.write_text(text.replace(mean, "0.999", 1))
+    assert A.main(args + ["--check"]) == 1
