@@ -33,9 +33,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from study import flags  # small_scale/study.py: the one JSON -> rpg-train flags rule
+
 from paper_figs.training import read_experiment_log
 from rpg_ref import strict_json
-from study import flags  # small_scale/study.py: the one JSON -> rpg-train flags rule
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
