@@ -309,14 +309,23 @@ def series(metrics: list[dict], keys: list, every: int) -> list[dict]:
     return out
 
 
-_ENV = {}
-
-
 def environment() -> dict:
-    """Commit (and whether tracked files differ from it), versions and CPU, once per process."""
-    if not _ENV:
-        git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
-        head = git("rev-parse", "HEAD")
+    """The commit and whether tracked files outside small_scale/results differ from it (the
+    results files grow during a study; the code must not), versions and CPU."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+    head = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                f":!{RESULTS.relative_to(ROOT)}").stdout.strip()
+    return {"commit": head.stdout.strip() if head.returncode == 0 else None,
+            "dirty": bool(dirty), **_versions()}
+
+
+_VERSIONS = {}
+
+
+def _versions() -> dict:
+    """torch / transformers / python versions and the CPU model, once per process."""
+    if not _VERSIONS:
         from importlib.metadata import PackageNotFoundError, version
 
         def ver(pkg):
@@ -330,12 +339,9 @@ def environment() -> dict:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
                     break
-        _ENV.update(
-            commit=head.stdout.strip() if head.returncode == 0 else None,
-            dirty=bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip()),
-            torch=ver("torch"), transformers=ver("transformers"),
-            python=platform.python_version(), cpu=cpu, cpu_count=os.cpu_count())
-    return _ENV
+        _VERSIONS.update(torch=ver("torch"), transformers=ver("transformers"),
+                         python=platform.python_version(), cpu=cpu, cpu_count=os.cpu_count())
+    return _VERSIONS
 
 
 class Stopping(Exception):

@@ -251,3 +251,48 @@ def test_a_run_folder_of_other_flags_is_refused(tmp_path):
     r = run(tmp_path)
     assert r.returncode == 1 and "other values of ['steps']" in r.stderr, r.stderr
     assert os.path.exists(folder / "summary.json")
+
+
+def test_committed_study_files_are_consistent(tmp_path):
+    """Every committed study file loads; its analysis names only its own cells and outcomes;
+    primary contrasts rest on >= 20 paired seeds; the calibration's candidates exist; the values
+    A and B read are the calibration's choices; the bandit study's flags pass rpg-train's own
+    parser (the seq studies use --init-seed, checked by study.py before a run)."""
+    import analysis as A
+    names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
+    assert names == ["A", "B", "ablation", "bandit", "calibration", "seq"]
+    cal = S.load_study("calibration")
+    chosen = set(cal["analysis"]["select"])
+    for name in names:
+        spec = S.load_study(name)
+        cells, outcomes, an = spec["cells"], spec["outcomes"], spec.get("analysis", {})
+        assert an.get("outcome") in outcomes, name
+        for fam in ("primary", "secondary", "collapse_contrasts"):
+            for c in an.get(fam, []):
+                assert set(A.weights(c)) <= set(cells), (name, c)
+                assert c.get("outcome", an["outcome"]) in outcomes, (name, c)
+                assert c["sides"] in A.SIDES, (name, c)
+                if fam == "primary":
+                    assert all(cells[x]["seeds"] >= 20 for x in A.weights(c)), (name, c)
+            names_ = [c["name"] for c in an.get(fam, [])]
+            assert len(names_) == len(set(names_)), (name, fam)
+        by_name = {c["name"] for c in an.get("primary", []) + an.get("secondary", [])}
+        for fig in an.get("figures", []):
+            for line in fig["lines"].values():
+                assert set(line) <= by_name and len(line) == len(fig["levels"]), (name, fig)
+        if "collapse" in an:
+            assert an["collapse"]["reference_cell"] in cells
+        used = {v["calibrated"] for a in [spec["common"]] + [c.get("args", {})
+                                                              for c in cells.values()]
+                for v in a.values() if isinstance(v, dict)}
+        assert used <= chosen, name
+        if used:
+            jobs = S.jobs_of(spec, tmp_path, {"lr": 4e-4, "beta": 0.3})
+            assert all("{" not in " ".join(j.argv) for j in jobs)
+        for group in spec.get("groups", {}).values():
+            assert set(group) <= set(cells)
+    for rule in cal["analysis"]["select"].values():
+        for c in rule["candidates"].values():
+            members = c if isinstance(c, str) else c["on"] + c["off"]
+            assert set([members] if isinstance(members, str) else members) <= set(cal["cells"])
+    S.validate(S.jobs_of(S.load_study("bandit"), tmp_path), tmp_path)
