@@ -361,6 +361,7 @@ def run_job(job: Job, spec: dict, procs: dict, claim_fd: int) -> dict:
     else:
         argv = job.argv
     cmd = [sys.executable, "-m", "rpg_ref.cli", *argv]
+    env = environment()   # the code the run imports: the tree as it is when the run starts
     t0 = time.perf_counter()
     with open(job.folder.parent / f"s{job.seed}.log", "ab") as out:
         out.write(f"$ {shlex.join(cmd)}\n".encode())
@@ -394,7 +395,7 @@ def run_job(job: Job, spec: dict, procs: dict, claim_fd: int) -> dict:
         "series": series(metrics, spec["series"].get("keys", []), spec["series"].get("every", 1)),
         "summary": summary,
         "study_sha256": spec["sha256"],
-        **environment(),
+        **env,
         "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
         "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
