@@ -142,8 +142,9 @@ def test_torn_last_line_is_dropped_and_cut_before_the_next_row(tmp_path):
 # running
 # ----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_study_runs_every_job_once_and_records_what_ran(tmp_path):
-    """Two workers run the 5 jobs; each row carries the exact argv, outcomes, series, commit and
+    """Two workers run the 6 jobs; each row carries the exact argv, outcomes, series, commit and
     versions; a second invocation has nothing to do; --status and --dry-run agree."""
     write_study(tmp_path)
     r = run(tmp_path, "--dry-run")
@@ -172,6 +173,7 @@ def test_study_runs_every_job_once_and_records_what_ran(tmp_path):
     assert "toy: 6/6 runs done; about 0.00 CPU-h left" in st.stdout
 
 
+@pytest.mark.slow
 def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
     """SIGTERM to the runner mid-run: the run stops at a step boundary with a checkpoint, the
     runner exits without a row; the same command resumes it (--resume) and its outcomes equal
@@ -207,6 +209,7 @@ def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
         tmp_path / "runs" / "kill" / "a" / "s0") + " --no-progress")
 
 
+@pytest.mark.slow
 def test_two_runners_never_run_a_job_twice(tmp_path):
     """Two runner processes on one study at once: every (cell, seed) is run by exactly one of
     them (one command line per job in its log, one row per job)."""
@@ -222,6 +225,7 @@ def test_two_runners_never_run_a_job_twice(tmp_path):
         assert log.read_text().count("$ ") == 1, log
 
 
+@pytest.mark.slow
 def test_a_claimed_job_is_left_to_its_holder(tmp_path):
     """While another process holds a job's lock, the runner runs everything else and leaves that
     job pending."""
@@ -238,6 +242,7 @@ def test_a_claimed_job_is_left_to_its_holder(tmp_path):
     assert "1 of 2 runs pending" in run(tmp_path, "--dry-run").stdout
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_other_flags_is_refused(tmp_path):
     """A run folder left by an earlier version of the study (other flags) is not resumed as if it
     were this job's."""
