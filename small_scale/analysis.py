@@ -24,6 +24,11 @@ Statistics (scipy.stats; nothing here is a hand-written distribution):
   intervals (scipy.stats.binomtest), compared by McNemar's exact test: a binomial test on the
   discordant seeds (scipy.stats.binomtest, p = 1/2).
 
+Exclusion (a study's ``exclude``): seeds whose warm start, measured by the reference cell before
+any RL step, solves fewer than ``below`` of the held-out problems leave every table and test (a
+rule on a pre-treatment measure, so no cell can influence who is excluded); the report names
+them.
+
 Verdicts (pre-registered, ``verdict``): a contrast whose claim has a direction is "supported at
 this scale" when its Holm-adjusted p < alpha and the mean difference has the claimed sign,
 "contradicted at this scale" when p < alpha with the opposite sign, else "no difference larger
@@ -232,13 +237,26 @@ def collapse_family(rows, rule: dict, contrasts: list[dict], alpha: float) -> di
     return {"rates": rates, "contrasts": res}
 
 
+def excluded_seeds(rows: list[dict], rule: dict | None) -> list:
+    """The seeds the study's pre-registered ``exclude`` rule drops from every table and test:
+    those whose reference-cell outcome (the warm start, measured before any RL step, so no cell
+    can influence it) is below ``below``."""
+    if not rule:
+        return []
+    ref = values(rows, rule["outcome"]).get(rule["reference_cell"], {})
+    return sorted(s for s, v in ref.items() if v < rule["below"])
+
+
 def analyse(spec: dict, rows: list[dict]) -> dict:
     """Everything the report shows, from the study's pre-registered analysis section."""
     an = spec.get("analysis", {})
     alpha = an.get("alpha", 0.05)
     outcome = an.get("outcome")
-    out = {"study": spec["name"], "alpha": alpha, "outcome": outcome,
-           "n_rows": len(rows), "cells": {}}
+    dropped = excluded_seeds(rows, an.get("exclude"))
+    n_all = len(rows)
+    every_row, rows = rows, [r for r in rows if r["seed"] not in dropped]
+    out = {"study": spec["name"], "alpha": alpha, "outcome": outcome, "excluded": dropped,
+           "n_rows": n_all, "cells": {}}
     for cell in spec["cells"]:
         mine = [r for r in rows if r["cell"] == cell]
         v = [r["outcomes"].get(outcome) for r in mine if outcome]
@@ -254,7 +272,7 @@ def analyse(spec: dict, rows: list[dict]) -> dict:
         out["collapse"] = collapse_family(rows, an["collapse"], an.get("collapse_contrasts", []),
                                           alpha)
     if "select" in an:
-        out["select"] = select(spec, rows)
+        out["select"] = select(spec, every_row)
     if "optima" in an:
         out["optima"] = optima(rows, an["optima"], spec)
     out["cpu_h"] = sum(r["cpu_s"] for r in rows) / 3600
@@ -313,7 +331,14 @@ def select(spec: dict, rows: list[dict]) -> dict:
       "outside the range"; none of those: no choice (the grid must be extended).
     "share" (beta): share = value * mean over seeds of (kl * length / reward) at the end of
       training, the regularizer's part of the objective; the choice is the candidate whose share
-      is nearest ``target`` within ``range`` (the same fallback)."""
+      is nearest ``target`` within ``range`` (the same fallback).
+    Complete: every cell of the study has all its planned seeds; the seeds of the study's
+    ``exclude`` rule do not count in any score."""
+    done = {(r["cell"], r["seed"]) for r in rows}
+    complete = all((c, s) in done for c, cell in spec["cells"].items()
+                   for s in range(cell["seeds"]))
+    dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
+    rows = [r for r in rows if r["seed"] not in dropped]
     out = {}
     for name, rule in spec["analysis"]["select"].items():
         cands = {}
@@ -337,8 +362,6 @@ def select(spec: dict, rows: list[dict]) -> dict:
                     cands[value] = {"score": float(np.mean(sh)), "floored": 0.0, "n": len(sh)}
             else:
                 raise ValueError(f"unknown selection rule {rule['rule']!r}")
-        complete = all(v["n"] >= rule["min_n"] for v in cands.values()) and len(cands) == len(
-            rule["candidates"])
         lo, hi = rule["range"]
         ok = {v: c for v, c in cands.items() if c["floored"] <= rule.get("max_floored", 1.0)}
         inside = {v: c for v, c in ok.items() if lo <= c["score"] <= hi}
@@ -393,8 +416,10 @@ def contrast_rows(res: list[dict]) -> list[str]:
 
 def report(a: dict) -> str:
     """The study's tables as markdown (what RESULTS.md pastes)."""
+    ex = (f"; seeds excluded by the pre-registered warm-start rule: {a['excluded']}"
+          if a["excluded"] else "")
     L = [f"Study `{a['study']}`: {a['n_rows']} runs; alpha = {a['alpha']}; primary outcome "
-         f"`{a['outcome']}`.", "",
+         f"`{a['outcome']}`{ex}.", "",
          "| cell | runs / planned | mean outcome | sd over seeds | CPU s per run |",
          "|---|---|---|---|---|"]
     for c in a["cells"].values():

@@ -166,13 +166,31 @@ def test_collapse_rule_and_rates():
     assert fam["contrasts"][0]["verdict"].startswith("no difference detected")
 
 
+def test_excluded_seeds_leave_every_table():
+    """Seeds whose warm start (reference cell) is below the rule's bound are dropped from every
+    cell before any test; the report names them."""
+    rng = np.random.default_rng(11)
+    rows = synthetic_rows({"on-a": 0.0, "on-b": 0.0, "off-a": -0.1, "off-b": -0.2}, 20, rng)
+    rows += [{"cell": "warm", "seed": s, "outcomes": {"acc": 0.05 if s in (3, 7) else 0.8},
+              "cpu_s": 1.0, "wall_s": 1.0} for s in range(20)]
+    spec = {**SPEC, "cells": {**SPEC["cells"], "warm": {"label": "W", "seeds": 20}},
+            "analysis": {**SPEC["analysis"], "exclude": {"outcome": "acc", "below": 0.2,
+                                                         "reference_cell": "warm"}}}
+    a = A.analyse(spec, rows)
+    assert a["excluded"] == [3, 7] and a["cells"]["off-a"]["n"] == 18
+    assert a["primary"][0]["n"] == 18 and 3 not in a["primary"][0]["seeds"]
+    assert "excluded by the pre-registered warm-start rule: [3, 7]" in A.report(a)
+
+
 # ----------------------------------------------------------------------------------------------
 # the calibration's choices
 # ----------------------------------------------------------------------------------------------
 
-CAL = {"name": "calibration", "cells": {}, "analysis": {"select": {"lr": {
+CAL = {"name": "calibration", "cells": {f"{k}-{v}": {"seeds": 4} for k in ("on", "off")
+                                        for v in ("0.0001", "0.0002", "0.0004")},
+       "analysis": {"select": {"lr": {
     "rule": "offpolicy-cost", "outcome": "acc", "range": [0.2, 0.6], "target": 0.4,
-    "floor": 0.05, "max_floored": 0.25, "min_n": 4,
+    "floor": 0.05, "max_floored": 0.25,
     "candidates": {v: {"on": [f"on-{v}"], "off": [f"off-{v}"]}
                    for v in ("0.0001", "0.0002", "0.0004")}}}}}
 
@@ -208,9 +226,7 @@ def test_calibrated_values_refuse_an_incomplete_calibration(tmp_path):
     studies, results = tmp_path / "studies", tmp_path / "results"
     studies.mkdir()
     spec = {"common": {}, "seeds": 4, "outcomes": {"acc": {"key": "a", "reduce": "last"}},
-            "cells": {f"{k}-{v}": {} for k in ("on", "off") for v in ("0.0001", "0.0002",
-                                                                     "0.0004")},
-            "analysis": CAL["analysis"]}
+            "cells": CAL["cells"], "analysis": CAL["analysis"]}
     (studies / "calibration.json").write_text(json.dumps(spec))
     with pytest.raises(S.StudyError, match="not complete"):
         A.calibrated_values(results, studies)
