@@ -545,14 +545,23 @@ def main(argv: list | None = None) -> int:
         return 2
     try:
         spec = load_study(a.study, a.studies)
+        path = results_path(a.study, a.results)
+        rows = read_rows(path)
+        if a.status:   # cells and seeds only: no flag is resolved or checked
+            cells = a.cells or list(spec["cells"])
+            if set(cells) - set(spec["cells"]):
+                raise StudyError(f"no cells {sorted(set(cells) - set(spec['cells']))}; cells: "
+                                 f"{list(spec['cells'])}")
+            jobs = [Job(c, s, [], run_folder(a.runs, a.study, c, s)) for c in cells
+                    for s in range(spec["cells"][c]["seeds"])]
+            print("\n".join(status_lines(spec, jobs, rows)))
+            return 0
         calibrated = None
         if needs_calibration(spec):
             from analysis import calibrated_values  # small_scale/analysis.py (scipy)
             calibrated = calibrated_values(a.results, a.studies)
         jobs = jobs_of(spec, a.runs, calibrated, a.cells)
         validate(jobs, Path(a.runs))
-        path = results_path(a.study, a.results)
-        rows = read_rows(path)
     except StudyError as e:
         print(f"study.py: {e}", file=sys.stderr)
         return 2
@@ -560,9 +569,6 @@ def main(argv: list | None = None) -> int:
     pending = [j for j in jobs if (j.cell, j.seed) not in done]
     if calibrated:
         print(f"calibrated values: {calibrated}")
-    if a.status:
-        print("\n".join(status_lines(spec, jobs, rows)))
-        return 0
     if a.dry_run:
         for j in pending:
             how = f"--resume {rel(j.folder)}" if (j.folder / "config.json").is_file() else ""
