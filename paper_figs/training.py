@@ -1,8 +1,12 @@
 """Training dynamics and Last/Best tables from small_scale/ logs, in the shape of the paper's
 fig:main_8k / fig:ablation_clip / fig:ablation_kl and tab:main_table_4k.
 
-Log layout: one file per experiment, <logs>/<exp>.jsonl (written by small_scale/run_experiments.py),
-one JSON object a line:
+Two sources, one shape. A study (small_scale/studies/<exp>.json, run by small_scale/study.py)
+keeps one row per finished run in small_scale/results/<exp>.jsonl: its ``series`` are the metrics
+rows the figures draw, its ``summary`` the trainer's summary.json, its cells the runs. Beside it,
+the legacy log layout, one file per experiment, <logs>/<exp>.jsonl (written by
+small_scale/run_experiments.py); an experiment is read from its legacy log where there is one,
+else from its study (``load_experiment``). One JSON object a line:
 
     {"experiment": {...}}                        the experiment's config (runs, groups, seeds)
     {"invocation": {...}}                        the command that last wrote the file
@@ -67,6 +71,28 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def read_study_rows(path: Path) -> list[dict]:
+    """The rows of a study's results file, small_scale/results/<study>.jsonl (one finished run a
+    line, written by small_scale/study.py); [] when there is none. A last line without its
+    newline is a write cut short by a kill: dropped (the runner cuts it off before its next
+    write). Any other line that is not a JSON object is an error naming it."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    rows = []
+    for i, line in enumerate(text[: text.rfind("\n") + 1].splitlines()):
+        try:
+            row = strict_json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i + 1}: not a JSON object ({e}); the file is corrupt: "
+                             f"restore it from git") from e
+        if not isinstance(row, dict) or not {"cell", "seed"} <= set(row):
+            raise ValueError(f"{path}:{i + 1}: a row without cell and seed")
+        rows.append(row)
+    return rows
+
+
 def read_experiment_log(path: Path) -> dict:
     """{"experiment", "invocation", "runs": {run: {seed: {"config", "summary", "metrics"}}}} of one
     experiment's log file (layout in the module docstring); seeds in increasing order."""
@@ -92,22 +118,43 @@ def read_experiment_log(path: Path) -> dict:
     return out
 
 
+def load_study(exp: str, root: Path) -> dict | None:
+    """A study's results in the shape of an experiment log (None when there are none): the study
+    file root/studies/<exp>.json gives the runs (its cells, labels and groups), the rows of
+    root/results/<exp>.jsonl their seeds (series as metrics, summary)."""
+    spec_path, rows = root / "studies" / f"{exp}.json", read_study_rows(
+        root / "results" / f"{exp}.jsonl")
+    if not spec_path.is_file() or not rows:
+        return None
+    spec = json.loads(spec_path.read_text())
+    runs = {}
+    for r in sorted(rows, key=lambda r: r["seed"]):
+        runs.setdefault(r["cell"], {})[r["seed"]] = {
+            "config": None, "summary": r["summary"], "metrics": r["series"]}
+    return {"experiment": {"description": spec.get("description", ""),
+                           "runs": {c: {"label": v.get("label", c)}
+                                    for c, v in spec["cells"].items()},
+                           "groups": spec.get("groups", {})},
+            "invocation": None, "runs": runs}
+
+
 def load_experiment(exp: str, logs=DEFAULT_LOGS) -> dict:
     """{"spec": the experiment's config, "runs": {run: [{"seed", "metrics", "summary"}]}} in the
-    spec's run order. A run listed in the spec without logs is an error naming the command to
-    make them."""
+    spec's run order, from the legacy log <logs>/<exp>.jsonl or else from the study <exp> beside
+    ``logs`` (<logs>/../results, <logs>/../studies). A run listed in the spec without logs is an
+    error naming the command to make them."""
     path = Path(logs) / f"{exp}.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"no logs for experiment {exp!r}: {path} is missing; "
-                                f"run: python small_scale/run_experiments.py --exp {exp}")
-    log = read_experiment_log(path)
+    make = f"python small_scale/study.py {exp}"
+    log = read_experiment_log(path) if path.exists() else load_study(exp, Path(logs).parent)
+    if log is None:
+        raise FileNotFoundError(f"no logs for experiment {exp!r}: neither {path} nor its study's "
+                                f"results; run: {make}")
     spec, runs = log["experiment"], {}
     for run in spec["runs"]:
         seeds = {s: r for s, r in log["runs"].get(run, {}).items() if r["metrics"]}
         if not seeds:
             raise FileNotFoundError(
-                f"experiment {exp!r}: run {run!r} has no metrics rows in {path}; "
-                f"run: python small_scale/run_experiments.py --exp {exp}"
+                f"experiment {exp!r}: run {run!r} has no metrics rows; run: {make}"
             )
         runs[run] = [{"seed": s, "metrics": r["metrics"], "summary": r["summary"]}
                      for s, r in seeds.items()]

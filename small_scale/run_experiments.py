@@ -1,5 +1,7 @@
 """Run a small_scale experiment: every (run, seed) of small_scale/configs/<exp>.json through
-rpg_ref.trainer.train, then keep commit-size logs that paper_figs reads.
+rpg_ref.trainer.train, then keep commit-size logs that paper_figs reads. The legacy runner of
+small_scale/logs/; small_scale/study.py runs the same experiments as study files
+(small_scale/studies/{bandit,seq,ablation}.json), which paper_figs reads once these logs are gone.
 
     python small_scale/run_experiments.py --exp bandit            # ~3 min on 2 CPU cores
     python small_scale/run_experiments.py --exp seq               # every method, 3 seeds
@@ -31,6 +33,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from study import flags  # small_scale/study.py: the one JSON -> rpg-train flags rule
+
 from paper_figs.training import read_experiment_log
 from rpg_ref import strict_json
 
@@ -39,20 +43,6 @@ ROOT = HERE.parent
 CONFIGS = HERE / "configs"
 EXPERIMENTS = ("bandit", "seq", "ablation")
 SPEC_KEYS = {"description", "paper", "seeds", "common", "runs", "groups", "log_keys", "log_every"}
-
-
-def flags(args: dict) -> list[str]:
-    """{"eval_every": 10, "clip": [0.2, 0.28, 3.0], "progress": False} -> rpg-train argv."""
-    out = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
-            out.append(flag if v else "--no-" + k.replace("_", "-"))
-        elif isinstance(v, list):
-            out += [flag] + [str(x) for x in v]
-        else:
-            out += [flag, str(v)]
-    return out
 
 
 def load_spec(exp: str) -> dict:

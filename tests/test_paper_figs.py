@@ -418,9 +418,9 @@ def test_training_logs_refuse_inconsistent_or_missing(tmp_path):
     spec = json.loads(lines[0])
     spec["experiment"]["runs"]["ghost"] = {}
     p.write_text(json.dumps(spec) + "\n" + "".join(lines[1:]))
-    with pytest.raises(FileNotFoundError, match=r"run_experiments\.py --exp seq"):
+    with pytest.raises(FileNotFoundError, match=r"study\.py seq"):
         training.load_experiment("seq", tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"run_experiments\.py --exp bandit"):
+    with pytest.raises(FileNotFoundError, match=r"study\.py bandit"):
         training.load_experiment("bandit", tmp_path)
     p.write_text(p.read_text() + "{not json\n")
     with pytest.raises(ValueError, match="not a JSON object"):
@@ -453,6 +453,27 @@ def test_run_experiments_writes_the_layout_the_figures_read(tmp_path):
     assert list(back["runs"]["b"]) == [0, 1, 2] and back["runs"]["b"][2] == again["runs"]["b"][2]
     assert not list(tmp_path.glob("*.tmp*"))
     assert run_experiments.read_log(tmp_path / "none.jsonl")["runs"] == {}
+
+
+def test_figures_read_a_study_where_there_is_no_legacy_log(logs, tmp_path):
+    """An experiment without a legacy log is read from its study (small_scale/studies/<exp>.json
+    and small_scale/results/<exp>.jsonl beside the logs folder): the same runs, labels, groups,
+    series and summaries give the same tables."""
+    legacy = training.read_experiment_log(logs / "ablation.jsonl")
+    spec = {"cells": {r: {"label": v["label"]} for r, v in legacy["experiment"]["runs"].items()},
+            "groups": legacy["experiment"]["groups"]}
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "ablation.json").write_text(json.dumps(spec))
+    (tmp_path / "results").mkdir()
+    rows = [{"cell": run, "seed": seed, "series": r["metrics"], "summary": r["summary"]}
+            for run, seeds in legacy["runs"].items() for seed, r in seeds.items()]
+    (tmp_path / "results" / "ablation.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "logs").mkdir()
+    a = training.last_best_data("ablation", runs=["c1", "k2"], logs=tmp_path / "logs")
+    b = training.last_best_data("ablation", runs=["c1", "k2"], logs=logs)
+    assert a == b
+    assert render("ablation_kl", tmp_path / "out", tmp_path / "logs")
 
 
 def test_bandit_table_from_summaries(logs):

@@ -1,0 +1,586 @@
+"""Run a pre-registered study: every (cell, seed) of small_scale/studies/<study>.json as one
+rpg-train command, resumable, in parallel, one results row per finished run.
+
+    python small_scale/study.py calibration --dry-run     # what would run, in order
+    python small_scale/study.py calibration --workers 2   # run (or continue) it
+    python small_scale/study.py calibration --status      # done/total per cell, CPU time left
+    python small_scale/analysis.py calibration            # verdicts, tables, figures
+
+A study file holds rpg-train flags (``common``, and per cell ``args``; JSON keys are flags:
+"eval_every": 5 is ``--eval-every 5``, a list is several values, true/false is --x/--no-x),
+``seeds`` (seed indices 0..N-1, per cell overridable), ``seed_flags`` (the flags that take the
+seed index), the ``outcomes`` recorded per run, the ``series`` kept for figures, and the
+pre-registered ``analysis`` (read by small_scale/analysis.py). A value {"calibrated": NAME,
+"times": F} is the calibration study's choice NAME (analysis.calibrated_values) times F.
+
+Pairing: seed index s of every cell runs with every flag of ``seed_flags`` set to s (the seq
+studies: --seed s --init-seed s, so the same warm start and the same RL seed), so cells are
+compared seed by seed. Jobs run seed-major across the reference and primary cells first (a
+partial study is balanced), then seed-major across the secondary cells.
+
+Each run is the command a user types: ``python -m rpg_ref.cli FLAGS --seed s ... --out
+RUNS/<study>/<cell>/s<seed> --cache-dir RUNS/cache --threads 1 --no-progress`` (the runner's
+interpreter; the runner sets those flags, a study may not). A run folder that already holds a run
+continues with ``--resume`` (a killed run loses at most the steps since its last checkpoint).
+A lock file beside each run folder (fcntl, released when its holder dies) keeps several runner
+processes from running one (cell, seed) twice. A finished run appends one JSON line to
+small_scale/results/<study>.jsonl (flushed and fsynced under a lock; a torn last line, left by a
+kill mid-write, is dropped on the next read and cut off before the next write): cell, seed, the
+exact argv, the outcomes (from the run's full metrics.jsonl), the series, the summary, commit
+(and whether the tree was dirty), torch / transformers versions, CPU model, wall and CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+from paper_figs.training import read_study_rows
+from rpg_ref import strict_json
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+STUDIES = HERE / "studies"
+RESULTS = HERE / "results"
+RUNS = ROOT / "runs" / "study"
+SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "seed_flags", "cells",
+             "outcomes", "series", "analysis", "groups"}
+CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
+ROLES = ("primary", "secondary", "reference")
+RESERVED = {"seed", "init_seed", "out", "resume", "cache_dir", "threads", "progress"}
+REDUCERS = ("last", "mean", "first", "max", "min")
+
+
+class StudyError(ValueError):
+    """A bad study file, flag or results file: one line for the user, exit code 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the study file
+# ----------------------------------------------------------------------------------------------
+
+def flags(args: dict) -> list[str]:
+    """{"eval_every": 10, "clip": [0.2, 0.28, 3.0], "progress": False} -> rpg-train argv."""
+    out = []
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + k.replace("_", "-"))
+        elif isinstance(v, list):
+            out += [flag] + [str(x) for x in v]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def study_path(name: str, studies=STUDIES) -> Path:
+    path = Path(studies) / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in Path(studies).glob("*.json"))
+        raise StudyError(f"no study {name!r} ({path} not found); studies: {', '.join(have)}")
+    return path
+
+
+def load_study(name: str, studies=STUDIES) -> dict:
+    """The study file, checked: known keys, cells with flags the runner does not set, outcomes
+    with a known reducer. Each cell gets its "seeds" (count) and "role" filled in."""
+    path = study_path(name, studies)
+    try:
+        spec = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise StudyError(f"{path}: not JSON ({e})") from None
+    bad = set(spec) - SPEC_KEYS
+    missing = {"common", "seeds", "cells", "outcomes"} - set(spec)
+    if bad or missing:
+        raise StudyError(f"{path}: unknown keys {sorted(bad)}, missing keys {sorted(missing)}")
+    spec.setdefault("seed_flags", ["seed"])
+    spec.setdefault("series", {"keys": [], "every": 1})
+    if not spec["cells"]:
+        raise StudyError(f"{path}: no cells")
+    for where, args in [("common", spec["common"])] + [
+            (f"cell {c!r}", cell.get("args", {})) for c, cell in spec["cells"].items()]:
+        if RESERVED & set(args):
+            raise StudyError(f"{path}: {where} sets {sorted(RESERVED & set(args))}: the runner "
+                             f"sets those (seeds through seed_flags)")
+    for c, cell in spec["cells"].items():
+        if set(cell) - CELL_KEYS:
+            raise StudyError(f"{path}: cell {c!r} has unknown keys {sorted(set(cell) - CELL_KEYS)}")
+        cell.setdefault("role", "primary")
+        cell.setdefault("seeds", spec["seeds"])
+        if cell["role"] not in ROLES:
+            raise StudyError(f"{path}: cell {c!r}: role must be one of {ROLES}")
+        if not (isinstance(cell["seeds"], int) and cell["seeds"] >= 1):
+            raise StudyError(f"{path}: cell {c!r}: seeds must be an integer >= 1")
+    for o, rule in spec["outcomes"].items():
+        if rule.get("reduce") not in REDUCERS or "key" not in rule:
+            raise StudyError(f"{path}: outcome {o!r} needs a key and a reduce in {REDUCERS}")
+    if set(spec["seed_flags"]) - {"seed", "init_seed"}:
+        raise StudyError(f"{path}: seed_flags may hold 'seed' and 'init_seed' only")
+    spec["name"] = name
+    spec["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return spec
+
+
+def resolve_calibrated(args: dict, values: dict | None) -> dict:
+    """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F."""
+    out = {}
+    for k, v in args.items():
+        if isinstance(v, dict):
+            if set(v) - {"calibrated", "times"} or "calibrated" not in v:
+                raise StudyError(f"--{k.replace('_', '-')}: a dict value must be "
+                                 f'{{"calibrated": NAME, "times": F}}, got {v}')
+            if values is None or v["calibrated"] not in values:
+                raise StudyError(f"--{k.replace('_', '-')} needs the calibration's "
+                                 f"{v['calibrated']!r}, which is not chosen yet")
+            v = float(f"{values[v['calibrated']] * v.get('times', 1.0):.6g}")
+        out[k] = v
+    return out
+
+
+def needs_calibration(spec: dict) -> bool:
+    every = [spec["common"]] + [c.get("args", {}) for c in spec["cells"].values()]
+    return any(isinstance(v, dict) for a in every for v in a.values())
+
+
+@dataclasses.dataclass
+class Job:
+    cell: str
+    seed: int
+    argv: list  # without the interpreter: what follows `python -m rpg_ref.cli`
+    folder: Path
+
+
+def run_folder(runs: Path, study: str, cell: str, seed: int) -> Path:
+    return Path(runs) / study / cell / f"s{seed}"
+
+
+def jobs_of(spec: dict, runs=RUNS, calibrated: dict | None = None,
+            cells: list | None = None) -> list[Job]:
+    """Every (cell, seed) in run order: seed-major over the reference and primary cells (a
+    partial study is balanced and has its warm-start measures), then seed-major over the
+    secondary cells."""
+    names = list(spec["cells"]) if cells is None else cells
+    bad = [c for c in names if c not in spec["cells"]]
+    if bad:
+        raise StudyError(f"study {spec['name']}: no cells {bad}; cells: {list(spec['cells'])}")
+    out = []
+    for roles in (("reference", "primary"), ("secondary",)):
+        group = [c for c in names if spec["cells"][c]["role"] in roles]
+        for s in range(max([spec["cells"][c]["seeds"] for c in group], default=0)):
+            for c in group:
+                if s >= spec["cells"][c]["seeds"]:
+                    continue
+                args = resolve_calibrated({**spec["common"], **spec["cells"][c].get("args", {})},
+                                          calibrated)
+                folder = run_folder(runs, spec["name"], c, s)
+                argv = flags(args)
+                for f in spec["seed_flags"]:
+                    argv += ["--" + f.replace("_", "-"), str(s)]
+                argv += ["--out", rel(folder), "--cache-dir", rel(Path(runs) / "cache"),
+                         "--threads", "1", "--no-progress"]
+                out.append(Job(c, s, argv, folder))
+    return out
+
+
+def rel(p: Path) -> str:
+    """A path relative to the repository when it is inside it (the rows are committed)."""
+    p = Path(p).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def validate(jobs: list[Job], runs: Path) -> None:
+    """rpg-train's own parser on every job's flags (an --out that does not exist), before any
+    run starts: a bad flag is one line naming the cell."""
+    from rpg_ref.cli import parse_config
+    seen = set()
+    for j in jobs:
+        if j.cell in seen:   # seeds change no flag's validity; one parse per cell
+            continue
+        seen.add(j.cell)
+        probe = list(j.argv)
+        probe[probe.index("--out") + 1] = str(Path(runs) / ".validate-only" / j.cell)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                parse_config(probe)
+        except (ValueError, SystemExit) as e:
+            msg = (err.getvalue().strip().splitlines() or [str(e)])[-1] if isinstance(
+                e, SystemExit) else str(e).splitlines()[0]
+            raise StudyError(f"cell {j.cell!r}: rpg-train refuses its flags: {msg}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# the results file
+# ----------------------------------------------------------------------------------------------
+
+def results_path(study: str, results=RESULTS) -> Path:
+    return Path(results) / f"{study}.jsonl"
+
+
+def done_keys(rows: list[dict]) -> set:
+    return {(r["cell"], r["seed"]) for r in rows}
+
+
+def append_row(path: Path, row: dict) -> None:
+    """One complete line, under an exclusive lock on the file; a torn tail (a kill mid-write) is
+    cut off first; flushed and fsynced before the lock is released."""
+    line = (strict_json.dumps(row, separators=(",", ":")) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(0)
+                data = f.read()
+                if not data.endswith(b"\n"):
+                    f.truncate(data.rfind(b"\n") + 1)
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a results file ([] when there is none); a StudyError for a corrupt one."""
+    try:
+        return read_study_rows(path)
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# one run
+# ----------------------------------------------------------------------------------------------
+
+def outcomes(metrics: list[dict], rules: dict) -> dict:
+    """{name: value} of each pre-registered outcome, from a run's full metrics rows: the values
+    of ``key`` at the steps that logged it, reduced by last (mean of the last k), mean, first,
+    max or min. None when the run never logged the key."""
+    out = {}
+    for name, rule in rules.items():
+        vals = [r[rule["key"]] for r in metrics if r.get(rule["key"]) is not None]
+        if not vals:
+            out[name] = None
+            continue
+        red = rule["reduce"]
+        if red == "last":
+            k = rule.get("k", 1)
+            out[name] = sum(vals[-k:]) / len(vals[-k:])
+        elif red == "mean":
+            out[name] = sum(vals) / len(vals)
+        else:
+            out[name] = {"first": vals[0], "max": max(vals), "min": min(vals)}[red]
+    return out
+
+
+def _round(v):
+    return float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v
+
+
+def series(metrics: list[dict], keys: list, every: int) -> list[dict]:
+    """The rows kept for figures: every ``every``-th step, the last step and every evaluation
+    step; ``keys`` only (and the eval_* keys), floats to 6 significant digits."""
+    last = metrics[-1]["step"] if metrics else 0
+    out = []
+    for r in metrics:
+        ev = any(k.startswith("eval_") for k in r)
+        if r["step"] % every == 0 or r["step"] == last or ev:
+            out.append({k: _round(v) for k, v in r.items()
+                        if k == "step" or k in keys or k.startswith("eval_")})
+    return out
+
+
+def environment() -> dict:
+    """The commit and whether tracked files outside small_scale/results differ from it (the
+    results files grow during a study; the code must not), versions and CPU."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+    head = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                f":!{RESULTS.relative_to(ROOT)}").stdout.strip()
+    return {"commit": head.stdout.strip() if head.returncode == 0 else None,
+            "dirty": bool(dirty), **_versions()}
+
+
+_VERSIONS = {}
+
+
+def _versions() -> dict:
+    """torch / transformers / python versions and the CPU model, once per process."""
+    if not _VERSIONS:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def ver(pkg):
+            try:
+                return version(pkg)
+            except PackageNotFoundError:
+                return None
+        cpu = platform.processor() or platform.machine()
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        _VERSIONS.update(torch=ver("torch"), transformers=ver("transformers"),
+                         python=platform.python_version(), cpu=cpu, cpu_count=os.cpu_count())
+    return _VERSIONS
+
+
+class Stopping(Exception):
+    """The runner was asked to stop (SIGINT/SIGTERM): the run was left resumable."""
+
+
+def run_job(job: Job, spec: dict, procs: dict, claim_fd: int) -> dict:
+    """Train (or resume) one job as a subprocess; returns its results row. Raises Stopping when
+    the run was interrupted, RuntimeError when it failed."""
+    cfg_file = job.folder / "config.json"
+    resumed_from = 0
+    if cfg_file.is_file():
+        from rpg_ref.trainer.checkpoint import latest_step
+        check_same_run(job)
+        resumed_from = latest_step(job.folder)
+        argv = ["--resume", rel(job.folder), "--no-progress"]
+    else:
+        argv = job.argv
+    cmd = [sys.executable, "-m", "rpg_ref.cli", *argv]
+    env = environment()   # the code the run imports: the tree as it is when the run starts
+    t0 = time.perf_counter()
+    with open(job.folder.parent / f"s{job.seed}.log", "ab") as out:
+        out.write(f"$ {shlex.join(cmd)}\n".encode())
+        out.flush()
+        # own session: our signal handler forwards SIGINT/TERM; the claim's fd is inherited, so a
+        # run outliving a killed runner keeps its claim
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True, pass_fds=(claim_fd,))
+        procs[p.pid] = p
+        try:
+            _, status, ru = os.wait4(p.pid, 0)
+        finally:
+            procs.pop(p.pid, None)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    wall, cpu = time.perf_counter() - t0, ru.ru_utime + ru.ru_stime
+    if p.returncode in (130, 143, -2, -15):
+        raise Stopping(f"{job.cell} s{job.seed}: interrupted; it resumes on the next invocation")
+    if p.returncode != 0:
+        tail = (job.folder.parent / f"s{job.seed}.log").read_text().splitlines()[-5:]
+        raise RuntimeError(f"{job.cell} s{job.seed}: rpg-train exited {p.returncode}: "
+                           + " | ".join(tail))
+    metrics = [strict_json.loads(x) for x in
+               (job.folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    summary = strict_json.loads((job.folder / "summary.json").read_text())
+    summary = {k: v for k, v in summary.items() if k not in ("config", "final")}
+    return {
+        "study": spec["name"], "cell": job.cell, "seed": job.seed,
+        "argv": ["python", "-m", "rpg_ref.cli", *job.argv],
+        "resumed_from_step": resumed_from,
+        "outcomes": outcomes(metrics, spec["outcomes"]),
+        "series": series(metrics, spec["series"].get("keys", []), spec["series"].get("every", 1)),
+        "summary": summary,
+        "study_sha256": spec["sha256"],
+        **env,
+        "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def check_same_run(job: Job) -> None:
+    """A run folder continued by --resume must hold this job's configuration."""
+    from rpg_ref.cli import parse_config
+    stored = strict_json.loads((job.folder / "config.json").read_text())
+    probe = list(job.argv)
+    probe[probe.index("--out") + 1] = str(job.folder.parent / ".validate-only")
+    want = dataclasses.asdict(parse_config(probe))
+    diff = sorted(k for k, v in want.items()
+                  if k not in ("out", "resume", "progress", "tensorboard") and stored.get(k) != v)
+    if diff:
+        raise StudyError(f"{job.folder} holds a run with other values of {diff} than the study "
+                         f"file's; delete the folder to rerun it")
+
+
+@contextlib.contextmanager
+def claimed(job: Job):
+    """An exclusive lock on RUNS/<study>/<cell>/s<seed>.lock: its file descriptor, or None if
+    another process holds it. The OS releases it when every holder (the runner, the rpg-train it
+    started) has died, so a killed runner leaves no stale claim."""
+    job.folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(job.folder.parent / f"s{job.seed}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield f.fileno()   # closing the file (and the run's copy of it) releases the lock
+
+
+# ----------------------------------------------------------------------------------------------
+# the study
+# ----------------------------------------------------------------------------------------------
+
+def status_lines(spec: dict, jobs: list[Job], rows: list[dict]) -> list[str]:
+    """Done/total per cell and the CPU time left, from the rows' measured cost (a cell without
+    rows: its est_cpu_s from the study file, else the mean over the study's rows)."""
+    done = done_keys(rows)
+    cpu = {}
+    for r in rows:
+        if r["resumed_from_step"] == 0:   # a resumed run's cost misses its first attempt
+            cpu.setdefault(r["cell"], []).append(r["cpu_s"])
+    every = [x for v in cpu.values() for x in v]
+    lines, left, unknown = [], 0.0, 0
+    for c in dict.fromkeys(j.cell for j in jobs):
+        mine = [j for j in jobs if j.cell == c]
+        n_done = sum((c, j.seed) in done for j in mine)
+        est = (sum(cpu[c]) / len(cpu[c]) if c in cpu else spec["cells"][c].get("est_cpu_s")
+               or (sum(every) / len(every) if every else None))
+        todo = len(mine) - n_done
+        if est is None:
+            unknown += todo
+        else:
+            left += todo * est
+        est_txt = "?" if est is None else f"{est:.0f}"
+        lines.append(f"{c:28s} {spec['cells'][c]['role']:9s} {n_done:3d}/{len(mine):<3d} "
+                     f"cpu s/run {est_txt:>5s}")
+    total = sum((j.cell, j.seed) in done for j in jobs)
+    lines.append(f"{spec['name']}: {total}/{len(jobs)} runs done; about {left / 3600:.2f} CPU-h "
+                 f"left" + (f" (+ {unknown} runs of unknown cost)" if unknown else ""))
+    return lines
+
+
+def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
+              max_runs: int | None = None) -> int:
+    """Run every pending job with ``workers`` threads, each driving one rpg-train process."""
+    lock = threading.Lock()
+    queue, procs = list(jobs), {}
+    state = {"stop": None, "ran": 0, "failed": None}
+
+    def on_signal(signum, frame):
+        state["stop"] = signal.Signals(signum).name
+        for p in list(procs.values()):
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signum)   # rpg-train saves and stops at the end of its step
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def worker():
+        while True:
+            with lock:
+                if state["stop"] or state["failed"] or not queue or (
+                        max_runs is not None and state["ran"] >= max_runs):
+                    return
+                job = queue.pop(0)
+            with claimed(job) as fd:
+                if fd is None or (job.cell, job.seed) in done_keys(read_rows(results)):
+                    continue     # another runner holds it or has finished it since we looked
+                with lock:
+                    state["ran"] += 1
+                    n = state["ran"]
+                try:
+                    row = run_job(job, spec, procs, fd)
+                except Stopping as e:
+                    print(f"stopped: {e}", flush=True)
+                    return
+                except (RuntimeError, StudyError) as e:
+                    state["failed"] = str(e)
+                    return
+                append_row(results, row)
+                print(f"[{n}] {job.cell} s{job.seed}: {row['outcomes']} "
+                      f"({row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU)", flush=True)
+
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(worker) for _ in range(workers)]
+            while wait(futures, timeout=0.5).not_done:   # the main thread takes the signals
+                pass
+            for f in futures:
+                f.result()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if state["failed"]:
+        print(f"study.py: {state['failed']}", file=sys.stderr)
+        return 1
+    if state["stop"]:
+        print(f"study.py: stopped by {state['stop']}; run the same command to continue",
+              file=sys.stderr)
+        return 128 + getattr(signal, state["stop"])
+    return 0
+
+
+def main(argv: list | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="study.py", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("study", help="a study file's name: small_scale/studies/<study>.json")
+    ap.add_argument("--workers", type=int, default=1, help="runs at a time (each one thread)")
+    ap.add_argument("--nice", type=int, default=10, help="niceness added to the runner and its "
+                    "runs (0: none)")
+    ap.add_argument("--cells", nargs="+", metavar="CELL", help="only these cells")
+    ap.add_argument("--max-runs", type=int, default=None, help="stop after starting this many")
+    ap.add_argument("--dry-run", action="store_true", help="list the pending runs, run nothing")
+    ap.add_argument("--status", action="store_true", help="progress and CPU time left")
+    ap.add_argument("--studies", default=str(STUDIES), help=argparse.SUPPRESS)
+    ap.add_argument("--results", default=str(RESULTS), help="folder of <study>.jsonl")
+    ap.add_argument("--runs", default=str(RUNS), help="run folders (git-ignored)")
+    a = ap.parse_args(argv)
+    sys.modules.setdefault("study", sys.modules[__name__])  # analysis.py's `import study`: this
+    if a.workers < 1 or (a.max_runs is not None and a.max_runs < 1) or a.nice < 0:
+        print("study.py: --workers and --max-runs must be >= 1, --nice >= 0", file=sys.stderr)
+        return 2
+    try:
+        spec = load_study(a.study, a.studies)
+        path = results_path(a.study, a.results)
+        rows = read_rows(path)
+        if a.status:   # cells and seeds only: no flag is resolved or checked
+            cells = a.cells or list(spec["cells"])
+            if set(cells) - set(spec["cells"]):
+                raise StudyError(f"no cells {sorted(set(cells) - set(spec['cells']))}; cells: "
+                                 f"{list(spec['cells'])}")
+            jobs = [Job(c, s, [], run_folder(a.runs, a.study, c, s)) for c in cells
+                    for s in range(spec["cells"][c]["seeds"])]
+            print("\n".join(status_lines(spec, jobs, rows)))
+            return 0
+        calibrated = None
+        if needs_calibration(spec):
+            from analysis import calibrated_values  # small_scale/analysis.py (scipy)
+            calibrated = calibrated_values(a.results, a.studies)
+        jobs = jobs_of(spec, a.runs, calibrated, a.cells)
+        validate(jobs, Path(a.runs))
+    except StudyError as e:
+        print(f"study.py: {e}", file=sys.stderr)
+        return 2
+    done = done_keys(rows)
+    pending = [j for j in jobs if (j.cell, j.seed) not in done]
+    if calibrated:
+        print(f"calibrated values: {calibrated}")
+    if a.dry_run:
+        for j in pending:
+            how = f"--resume {rel(j.folder)}" if (j.folder / "config.json").is_file() else ""
+            print(f"{j.cell} s{j.seed}: python -m rpg_ref.cli {how or shlex.join(j.argv)}")
+        print(f"{len(pending)} of {len(jobs)} runs pending")
+        return 0
+    if a.nice:
+        os.nice(a.nice)   # the runs inherit it
+    print(f"{spec['name']}: {len(jobs)} runs, {len(pending)} pending, {a.workers} worker(s); "
+          f"results: {rel(path)}", flush=True)
+    return run_study(spec, pending, path, a.workers, a.max_runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
