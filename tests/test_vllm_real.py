@@ -48,18 +48,69 @@ def _model(tie: bool, vocab: int | None = None, seed: int = 0):
     return AutoModelForCausalLM.from_config(Qwen3Config(**d), dtype=torch.float32).eval()
 
 
-def _policy_logprobs(model, prompt: list, response: list) -> torch.Tensor:
-    """log pi(response[t] | prompt + response[:t]) recomputed by the trainer's model, [T]."""
+# ------------------------------------------------------------------------------------------
+# how far two float32 log-probs of the same token may differ
+# ------------------------------------------------------------------------------------------
+# The trainer and vLLM compute log p(y) = z_y - logsumexp(z) in float32 with different kernels
+# (other summation orders). Each of the two terms is at most S = max_t (max_j |z_tj| +
+# |logsumexp z_t|) in magnitude and carries the rounding of the H-term dot products that make the
+# logits (H: the hidden size); rounding errors of eps32 * S each add up like a random walk, so
+# the two results differ by up to about eps32 * sqrt(H) * S. Measured on the models below, 30
+# seeds each (vLLM vs trainer over every sampled token, as the tests compute it): at most 0.29 of
+# this bound for the untied vocabulary-32 model (S 32-52, differences up to 1.2e-5), 0.14 for the
+# tied real-vocabulary one. A sync that did not take effect moves log-probs by 1e-2 or more.
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _float32_bound(hidden_size: int, scale: float) -> float:
+    return EPS32 * math.sqrt(hidden_size) * scale
+
+
+def _logits_scale(logits: torch.Tensor) -> float:
+    """S of the comment above, from logits [T, V]."""
+    return (logits.abs().amax(-1) + torch.logsumexp(logits, -1).abs()).max().item()
+
+
+def _run_bound(out) -> float:
+    """The float32 bound for a run's logged logprob_diff_max, from its checkpoints' weights (any
+    input): the final RMSNorm gives a hidden state of norm at most sqrt(H) max|gamma|, so |z_j| <=
+    z_max = sqrt(H) max|gamma| max_j |W_j| and S <= 2 z_max + log V."""
+    from safetensors.torch import load_file
+    bounds = []
+    for path in (out / "checkpoints").glob("step_*/model.safetensors"):
+        w = load_file(path)
+        gamma = w["model.norm.weight"]                                              # [H]
+        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])              # [V, H]
+        z_max = math.sqrt(gamma.numel()) * gamma.abs().max().item() * head.norm(dim=-1).max()
+        bounds.append(_float32_bound(gamma.numel(), 2 * z_max.item() + math.log(len(head))))
+    assert bounds, f"no checkpoint in {out}"
+    return max(bounds)
+
+
+def _policy_logprobs(model, prompt: list, response: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(response[t] | prompt + response[:t]) recomputed by the trainer's model, [T], and the
+    logits they come from, [T, V]."""
     ids = torch.tensor([list(prompt) + list(response)])
     with torch.no_grad():
-        lp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), -1)
-    return lp.gather(-1, torch.tensor(response)[:, None])[:, 0]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0], logits
 
 
-def _max_logprob_diff(model, prompts, n, gen) -> float:
-    diffs = [(_policy_logprobs(model, prompts[i // n], r) - torch.tensor(lp)).abs().max().item()
-             for i, (r, lp) in enumerate(zip(gen.responses, gen.logprobs))]
-    return max(diffs)
+def _logprob_diff_and_bound(model, prompts, n, gen) -> tuple[float, float]:
+    """The largest |vLLM - trainer| log-prob over every sampled token, and its float32 bound."""
+    diff = scale = 0.0
+    for i, (r, lp) in enumerate(zip(gen.responses, gen.logprobs)):
+        own, logits = _policy_logprobs(model, prompts[i // n], r)
+        diff = max(diff, (own - torch.tensor(lp)).abs().max().item())
+        scale = max(scale, _logits_scale(logits))
+    return diff, _float32_bound(model.config.hidden_size, scale)
+
+
+def _probe_bound(model, engine) -> float:
+    """The float32 bound for the sync's probe (its mean |diff| is at most its largest)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([engine.probe])).logits[0, :-1].float()
+    return _float32_bound(model.config.hidden_size, _logits_scale(logits))
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +140,15 @@ def untied_small():
 def test_sampler_logprobs_equal_the_policys_at_a_realistic_batch(tied):
     """4 prompts of 140-280 tokens x 16 responses x 128 new tokens (a prompt batch above vLLM's
     chunked-prefill budget, where per-request seeds crashed vLLM on the CPU): every sampled
-    token's vLLM log-prob equals the float32 policy's recomputation within 1e-5."""
+    token's vLLM log-prob equals the float32 policy's recomputation within the float32 bound
+    (about 1.4e-5 here)."""
     model, engine = tied
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 151_000, (L,), generator=g).tolist() for L in (140, 190, 230, 280)]
     gen = engine.generate(prompts, 16, 1.0, 1.0, 128)
     assert len(gen.responses) == 64 and all(len(r) == 128 for r in gen.responses)
-    assert _max_logprob_diff(model, prompts, 16, gen) <= 1e-5
+    diff, bound = _logprob_diff_and_bound(model, prompts, 16, gen)
+    assert diff <= bound, (diff, bound)
     again = engine.generate(prompts, 16, 1.0, 1.0, 128)
     assert again.responses == gen.responses  # a call's draws depend on the call's arguments only
 
@@ -165,9 +218,10 @@ def _make_repeat_model(model, seed: int) -> None:
 @pytest.mark.parametrize("which", ["tied", "untied_small"])
 def test_after_an_update_the_engine_samples_the_new_weights(which, request):
     """Buckets of 1 byte (every tensor alone, so q/k/v and gate/up of one layer arrive in different
-    buckets), tied and untied LM heads: (1) after every weight moves by N(0, 0.05^2), the sampled
-    tokens' vLLM log-probs equal the updated policy's within 1e-5 (the fused layers are whole, and
-    the prompts' KV cached before the update is not reused);
+    buckets), tied and untied LM heads: (1) after every weight moves by N(0, 0.05^2), the probe's
+    and the sampled tokens' vLLM log-probs equal the updated policy's within the float32 bound
+    (about 4e-5 for the untied model's large logits; the fused layers are whole, and the prompts'
+    KV cached before the update is not reused);
     (2) after an update to the forced-token model, every sampled token is the forced one."""
     model, engine = request.getfixturevalue(which)
     engine.bucket_bytes = 1
@@ -180,9 +234,10 @@ def test_after_an_update_the_engine_samples_the_new_weights(which, request):
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     info = engine.sync_weights(model)
-    assert info["sync_logprob_diff"] <= 1e-5
+    assert info["sync_logprob_diff"] <= _probe_bound(model, engine), info
     gen = engine.generate(prompts, 8, 1.0, 1.0, 12)
-    assert _max_logprob_diff(model, prompts, 8, gen) <= 1e-5
+    diff, bound = _logprob_diff_and_bound(model, prompts, 8, gen)
+    assert diff <= bound, (diff, bound)
 
     _make_repeat_model(model, seed=3)
     engine.sync_weights(model)
@@ -315,10 +370,10 @@ def _weights(out, step: int) -> dict:
 def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir, tmp_path, capsys):
     """`rpg-train --task math --engine vllm` (tiny Qwen3 with the real tokenizer, AMC23 problems):
     4 steps in which the weights change (rewards differ within groups, so the loss is not zero),
-    vLLM's sampler log-probs equal the trainer's within 1e-5 at every step (float32: each sync
-    took effect); a run stopped after 2 steps and resumed to 4 ends with the same weights and
-    metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm` evaluates the
-    export."""
+    vLLM's sampler log-probs equal the trainer's within the float32 bound at every step (about
+    3e-5 here: each sync took effect); a run stopped after 2 steps and resumed to 4 ends with the
+    same weights and metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm`
+    evaluates the export."""
     from rpg_ref.math import evaluation
 
     full, part = tmp_path / "full", tmp_path / "part"
@@ -330,8 +385,9 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     assert cli.main(argv) == 0
     rows = _rows(full)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    bound = _run_bound(full)
     for r in rows:
-        assert r["logprob_diff_max"] <= 1e-5, r
+        assert r["logprob_diff_max"] <= bound, (r, bound)
     assert any(r["loss"] != 0.0 for r in rows)
     w0, w4 = _weights(full, 2), _weights(full, 4)
     assert max((w0[k] - w4[k]).abs().max().item() for k in w0) > 1e-4  # weights really changed
@@ -393,9 +449,8 @@ def test_seq_task_learns_with_vllm_as_with_hf(tmp_path):
     vllm and with --engine hf: with vLLM the mean reward of the last 10 steps exceeds that of the
     first 5 by more than 0.1 (the criterion of tests/test_train.py::test_seq_rl_improves_reward),
     its greedy held-out accuracy at step 40 is within 0.1 of the hf engine's, and the sampler's
-    log-probs equal the trainer's within 1e-4 at every step (float32; the warm-started model's
-    logits are large, so float32 rounding of a log-softmax differs between vLLM's kernels and
-    transformers' by up to 2.1e-5 here; the math test's random model stays within 1e-5).
+    log-probs equal the trainer's within the float32 bound at every step (about 5e-5: the
+    warm-started model's logits are large).
     Measured on the 2-core development machine: vllm first-5 0.567, last-10 0.669, greedy 0.828;
     hf 0.541, 0.685, 0.820."""
     runs = {e: _seq_run(tmp_path, e) for e in ("vllm", "hf")}
@@ -409,8 +464,9 @@ def test_seq_task_learns_with_vllm_as_with_hf(tmp_path):
             file=sys.stderr,
         )
         assert last > first + 0.1, (engine, first, last)
-    worst = max(x["logprob_diff_max"] for x in runs["vllm"])
-    assert worst <= 1e-4, worst
+    worst, bound = max(x["logprob_diff_max"] for x in runs["vllm"]), _run_bound(tmp_path / "vllm")
+    print(f"vllm: logprob_diff_max {worst:.3g}, float32 bound {bound:.3g}", file=sys.stderr)
+    assert worst <= bound, (worst, bound)
     assert (
         abs(runs["vllm"][-1]["eval_greedy_accuracy"] - runs["hf"][-1]["eval_greedy_accuracy"])
         <= 0.1
