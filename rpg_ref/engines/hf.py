@@ -115,6 +115,13 @@ def _takes_cache_position(model) -> bool:
     return "cache_position" in inspect.signature(forward).parameters
 
 
+def _cache_kwarg(model) -> str:
+    """The forward's KV-cache argument: ``cache`` from transformers 5.24 (which warns on the older
+    ``past_key_values`` on every call), ``past_key_values`` before."""
+    forward = getattr(model, "module", model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def _fp32_or_wider(logits: Tensor) -> Tensor:
     """A copy (a compiled step's output buffer is overwritten by the next step) in fp32, or
     fp64 for a fp64 model."""
@@ -148,6 +155,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
     else:
         cache = DynamicCache()
     old_api = _takes_cache_position(model)
+    kv = {_cache_kwarg(model): cache}
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
         return {"cache_position": torch.arange(start, start + n, device=dev)} if old_api else {}
@@ -163,8 +171,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
     allowed = ((k <= q) & seen[:, None, : keys(P)]) | (k == q)  # [B, P, keys]
     pos = (am.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     out = model(input_ids=ids, attention_mask=attention_mask(allowed[:, None], kernel, dtype),
-                position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                **slots_kw(0, P))
+                position_ids=pos, **kv, use_cache=True, logits_to_keep=1, **slots_kw(0, P))
     logits = _fp32_or_wider(out.logits[:, -1])  # [B, V]
     del out
     done = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -183,7 +190,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
         last = last + 1
         mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
         out = step(input_ids=tok[:, None], position_ids=last, attention_mask=mask,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1, **slots_kw(P + t, 1))
+                   **kv, use_cache=True, logits_to_keep=1, **slots_kw(P + t, 1))
         logits = _fp32_or_wider(out.logits[:, -1])
     return torch.stack(toks, 1), torch.stack(lps, 1)
 

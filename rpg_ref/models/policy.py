@@ -88,7 +88,7 @@ class HFPolicy(nn.Module):
 
     def forward(self, *args, **kwargs):
         # a single forward pass keeps no KV cache (HF's default use_cache=True would allocate one)
-        if "past_key_values" not in kwargs:
+        if "past_key_values" not in kwargs and "cache" not in kwargs:
             kwargs.setdefault("use_cache", False)
         with self._compute():
             return self.module(*args, **kwargs)
