@@ -8,7 +8,9 @@ import json
 import math
 import os
 import random
+import re
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -416,6 +418,23 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     assert "amc23" in capsys.readouterr().out
     r = json.loads(res.read_text())["results"]["amc23"]
     assert r["problems"] == 2 and r["n"] == 2 and r["check_stats"]["checked"] == 4
+
+
+def test_a_vllm_run_prints_two_lines_of_its_own_and_stops_cleanly(eos_model_dir, tmp_path):
+    """`python -m rpg_ref.cli --task math --engine vllm` for 2 steps, in a process of its own (so
+    that vLLM stops as the interpreter exits): exit code 0; the engine's two lines (vLLM is up;
+    it stopped, 2 weight syncs verified); none of vLLM's own warnings, no traceback, and no
+    `force killing` of vLLM's process or leaked shared memory at exit."""
+    argv = tiny_math_argv(eos_model_dir, tmp_path / "run", engine="vllm",
+                          math_tokenizer=TOKENIZER, eval_every=0)
+    r = subprocess.run([sys.executable, "-m", "rpg_ref.cli", *argv], capture_output=True,
+                       text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ours = [line for line in r.stderr.splitlines() if line.startswith("vllm engine: ")]
+    assert len(ours) == 2 and "is up in its own process" in ours[0], r.stderr
+    assert "2 weight syncs, each verified" in ours[1], ours
+    alarming = re.compile(r"WARNING|Warning|Traceback|Error|force kill|leaked")
+    assert not [line for line in r.stderr.splitlines() if alarming.search(line)], r.stderr
 
 
 SEQ_STEPS = 40
