@@ -4,8 +4,8 @@ on a busy machine because a replacement worker's start-up was charged to it.
 This test loads the machine on purpose, and only two cores of it: it runs the hang tests of
 test_math_reward.py with pytest-xdist (`-n 4`, three copies of each) beside one busy loop per
 core, all pinned to two cores (on Linux), so a suite run beside it keeps the machine's other cores
-and a 2-core machine carries six busy processes for the test's duration (about a minute when the
-machine is otherwise idle). It requires all of them to pass.
+and a 2-core machine carries six busy processes for the test's duration (2 min on a 2-core x86-64
+machine at load average 20). It requires all of them to pass.
 """
 import os
 import re
