@@ -681,6 +681,7 @@ def _import_vllm():
         raise ValueError(_NEEDS_VLLM) from e
     if quiet:  # vLLM imported before the variable was set has its level already
         logging.getLogger("vllm").setLevel(logging.ERROR)
+        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)  # as in vLLM's processes
     check_vllm_version(vllm.__version__)
     return vllm, current_platform
 
