@@ -177,9 +177,9 @@ def test_compiled_decode_step_samples_what_the_eager_one_samples():
     """--hf-compile on (torch.compile of the decode step; CUDA graphs on a GPU, inductor's CPU
     code here) gives the same tokens as the eager step from the same seed, and log-probs equal to
     float32 rounding, on a second call too (the compiled step is reused). Two float32 log-probs
-    z_y - logsumexp(z) from different kernels differ by up to about eps32 sqrt(H) S, S the largest
-    |z| + |logsumexp z| (tests/test_vllm_real.py derives it): 2.1e-6 here; measured over policy
-    seeds 0-5, at most 4.8e-7."""
+    z_y - logsumexp(z) from different kernels differ by up to about 2 eps32 sqrt(H) S, S the
+    largest |z| + |logsumexp z| (tests/test_vllm_real.py derives it): 4.2e-6 here; measured over
+    policy seeds 0-5, at most 4.8e-7."""
     policy = tiny_qwen3(dtype=torch.float32)
     prompts, out = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], {}
     for mode in ("off", "on"):
@@ -198,7 +198,7 @@ def test_compiled_decode_step_samples_what_the_eager_one_samples():
         with torch.no_grad():
             z = policy(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1:-1]   # [T, V]
         scale = max(scale, float((z.abs().amax(-1) + torch.logsumexp(z, -1).abs()).max()))
-    bound = torch.finfo(torch.float32).eps * math.sqrt(policy.config.hidden_size) * scale
+    bound = 2 * torch.finfo(torch.float32).eps * math.sqrt(policy.config.hidden_size) * scale
     assert diff <= bound, (diff, bound)
 
 

@@ -57,15 +57,18 @@ def _model(tie: bool, vocab: int | None = None, seed: int = 0):
 # (other summation orders). Each of the two terms is at most S = max_t (max_j |z_tj| +
 # |logsumexp z_t|) in magnitude and carries the rounding of the H-term dot products that make the
 # logits (H: the hidden size); rounding errors of eps32 * S each add up like a random walk, so
-# the two results differ by up to about eps32 * sqrt(H) * S. Measured on the models below, 30
-# seeds each (vLLM vs trainer over every sampled token, as the tests compute it): at most 0.29 of
-# this bound for the untied vocabulary-32 model (S 32-52, differences up to 1.2e-5), 0.14 for the
-# tied real-vocabulary one. A sync that did not take effect moves log-probs by 1e-2 or more.
+# each result is within about eps32 * sqrt(H) * S of the exact value (the trainer's own float32
+# error against float64 is of that size: up to 1.2e-5 on the untied model below) and the two
+# results differ by up to twice that. Measured vLLM - trainer differences, over every token
+# compared: at most 0.15 of the bound for the untied vocabulary-32 model (30 seeds; S 32-52,
+# differences up to 1.2e-5), 0.07 for the tied real-vocabulary one (30 seeds) and the realistic
+# batch (3 seeds of 8192 tokens), 0.33 for the warm-started seq run (8 seeds x 40 steps, S from
+# the weights). A sync that did not take effect moves log-probs by 1e-2 or more.
 EPS32 = torch.finfo(torch.float32).eps
 
 
 def _float32_bound(hidden_size: int, scale: float) -> float:
-    return EPS32 * math.sqrt(hidden_size) * scale
+    return 2 * EPS32 * math.sqrt(hidden_size) * scale
 
 
 def _logits_scale(logits: torch.Tensor) -> float:
@@ -143,7 +146,7 @@ def test_sampler_logprobs_equal_the_policys_at_a_realistic_batch(tied):
     """4 prompts of 140-280 tokens x 16 responses x 128 new tokens (a prompt batch above vLLM's
     chunked-prefill budget, where per-request seeds crashed vLLM on the CPU): every sampled
     token's vLLM log-prob equals the float32 policy's recomputation within the float32 bound
-    (about 1.4e-5 here)."""
+    (about 2.6e-5 here)."""
     model, engine = tied
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 151_000, (L,), generator=g).tolist() for L in (140, 190, 230, 280)]
@@ -222,7 +225,7 @@ def test_after_an_update_the_engine_samples_the_new_weights(which, request):
     """Buckets of 1 byte (every tensor alone, so q/k/v and gate/up of one layer arrive in different
     buckets), tied and untied LM heads: (1) after every weight moves by N(0, 0.05^2), the probe's
     and the sampled tokens' vLLM log-probs equal the updated policy's within the float32 bound
-    (about 4e-5 for the untied model's large logits; the fused layers are whole, and the prompts'
+    (about 8e-5 for the untied model's large logits; the fused layers are whole, and the prompts'
     KV cached before the update is not reused);
     (2) after an update to the forced-token model, every sampled token is the forced one."""
     model, engine = request.getfixturevalue(which)
@@ -373,7 +376,7 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     """`rpg-train --task math --engine vllm` (tiny Qwen3 with the real tokenizer, AMC23 problems):
     4 steps in which the weights change (rewards differ within groups, so the loss is not zero),
     vLLM's sampler log-probs equal the trainer's within the float32 bound at every step (about
-    3e-5 here: each sync took effect); a run stopped after 2 steps and resumed to 4 ends with the
+    6e-5 here: each sync took effect); a run stopped after 2 steps and resumed to 4 ends with the
     same weights and metrics from step 3 on as the uninterrupted one; `rpg-eval --engine vllm`
     evaluates the export."""
     from rpg_ref.math import evaluation
@@ -463,31 +466,29 @@ def _seq_run(tmp_path, engine: str) -> list:
     return _rows(out)
 
 
-def test_seq_task_learns_with_vllm_as_with_hf(tmp_path):
+def test_seq_task_trains_with_vllm_as_with_hf(tmp_path):
     """The default `seq` run (digit addition, tiny Qwen3, warm start) for 40 steps with --engine
-    vllm and with --engine hf: with vLLM the mean reward of the last 10 steps exceeds that of the
-    first 5 by more than 0.1 (the criterion of tests/test_train.py::test_seq_rl_improves_reward),
-    its greedy held-out accuracy at step 40 is within 0.1 of the hf engine's, and the sampler's
-    log-probs equal the trainer's within the float32 bound at every step (about 5e-5: the
-    warm-started model's logits are large).
-    Measured on the 2-core development machine: vllm first-5 0.567, last-10 0.669, greedy 0.828;
-    hf 0.541, 0.685, 0.820."""
+    vllm and with --engine hf: the sampler's log-probs equal the trainer's within the float32
+    bound at every step (about 1e-4: the warm-started model's logits are large), so every step
+    trains on-policy, and the vLLM run ends where the hf run ends: mean reward of the last 10
+    steps within 0.2, greedy held-out accuracy at step 40 within 0.15.
+    Both differences are noisy (the two runs sample different trajectories). Measured from this
+    warm start over RL seeds, on a 2-core x86-64 CPU: last-10 reward 0.64-0.77 (vllm, 8 seeds;
+    sd 0.041) and 0.68-0.77 (hf, 14 seeds; sd 0.025); greedy@40 0.75-0.84 (sd 0.032) and
+    0.78-0.85 (sd 0.019). The two bounds are 4.2 and 4.0 standard deviations of the difference
+    of two runs: a false failure about once in 10^4 runs. Whether the reward rises is
+    tests/test_train.py's claim (60 steps): at 40 steps last-10 minus first-5 ranged from -0.004
+    to 0.17 over those 22 runs, too noisy to assert."""
     runs = {e: _seq_run(tmp_path, e) for e in ("vllm", "hf")}
+    last, greedy = {}, {}
     for engine, r in runs.items():
-        first = np.mean([x["reward"] for x in r[:5]])
-        last = np.mean([x["reward"] for x in r[-10:]])
-        print(
-            f"{engine}: reward first-5 {first:.3f} last-10 {last:.3f} "
-            f"greedy@20 {r[19]['eval_greedy_accuracy']:.3f} greedy@40 "
-            f"{r[-1]['eval_greedy_accuracy']:.3f}",
-            file=sys.stderr,
-        )
-        assert last > first + 0.1, (engine, first, last)
+        last[engine] = np.mean([x["reward"] for x in r[-10:]])
+        greedy[engine] = r[-1]["eval_greedy_accuracy"]
+        print(f"{engine}: reward first-5 {np.mean([x['reward'] for x in r[:5]]):.3f} last-10 "
+              f"{last[engine]:.3f} greedy@40 {greedy[engine]:.3f}", file=sys.stderr)
     worst, bound = max(x["logprob_diff_max"] for x in runs["vllm"]), _run_bound(tmp_path / "vllm")
     print(f"vllm: logprob_diff_max {worst:.3g}, float32 bound {bound:.3g}", file=sys.stderr)
     assert worst <= bound, (worst, bound)
-    assert (
-        abs(runs["vllm"][-1]["eval_greedy_accuracy"] - runs["hf"][-1]["eval_greedy_accuracy"])
-        <= 0.1
-    )
+    assert abs(last["vllm"] - last["hf"]) <= 0.2, last
+    assert abs(greedy["vllm"] - greedy["hf"]) <= 0.15, greedy
     assert math.isfinite(runs["vllm"][-1]["loss"])
