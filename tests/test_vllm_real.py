@@ -474,11 +474,11 @@ def test_seq_task_trains_with_vllm_as_with_hf(tmp_path):
     steps within 0.2, greedy held-out accuracy at step 40 within 0.15.
     Both differences are noisy (the two runs sample different trajectories). Measured from this
     warm start over RL seeds, on a 2-core x86-64 CPU: last-10 reward 0.64-0.77 (vllm, 8 seeds;
-    sd 0.041) and 0.68-0.77 (hf, 14 seeds; sd 0.025); greedy@40 0.75-0.84 (sd 0.032) and
-    0.78-0.85 (sd 0.019). The two bounds are 4.2 and 4.0 standard deviations of the difference
+    sd 0.042) and 0.68-0.77 (hf, 16 seeds; sd 0.025); greedy@40 0.75-0.84 (sd 0.032) and
+    0.78-0.85 (sd 0.019). The two bounds are 4.1 and 4.0 standard deviations of the difference
     of two runs: a false failure about once in 10^4 runs. Whether the reward rises is
     tests/test_train.py's claim (60 steps): at 40 steps last-10 minus first-5 ranged from -0.004
-    to 0.17 over those 22 runs, too noisy to assert."""
+    to 0.17 over those 24 runs (13 of them at most 0.1), too noisy to assert."""
     runs = {e: _seq_run(tmp_path, e) for e in ("vllm", "hf")}
     last, greedy = {}, {}
     for engine, r in runs.items():
