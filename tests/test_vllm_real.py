@@ -76,6 +76,11 @@ def _logits_scale(logits: torch.Tensor) -> float:
     return (logits.abs().amax(-1) + torch.logsumexp(logits, -1).abs()).max().item()
 
 
+def _named(weights: dict, *endings: str) -> torch.Tensor:
+    """The first weight whose name ends with one of ``endings``, tried in order."""
+    return next(weights[k] for end in endings for k in weights if k.endswith(end))
+
+
 def _run_bound(out) -> float:
     """The float32 bound for a run's logged logprob_diff_max, from its checkpoints' weights (any
     input): the final RMSNorm gives a hidden state of norm at most sqrt(H) max|gamma|, so |z_j| <=
@@ -83,9 +88,9 @@ def _run_bound(out) -> float:
     from safetensors.torch import load_file
     bounds = []
     for path in (out / "checkpoints").glob("step_*/model.safetensors"):
-        w = load_file(path)
-        gamma = w["model.norm.weight"]                                              # [H]
-        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])              # [V, H]
+        w = load_file(path)  # HF names, behind the policy wrapper's prefix if it has one
+        gamma = _named(w, "model.norm.weight")                                      # [H]
+        head = _named(w, "lm_head.weight", "embed_tokens.weight")                   # [V, H]
         z_max = math.sqrt(gamma.numel()) * gamma.abs().max().item() * head.norm(dim=-1).max()
         bounds.append(_float32_bound(gamma.numel(), 2 * z_max.item() + math.log(len(head))))
     assert bounds, f"no checkpoint in {out}"
