@@ -396,8 +396,6 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     rows = _rows(full)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     bound = _run_bound(full)
-    print(f"math: logprob_diff_max {max(r['logprob_diff_max'] for r in rows):.3g}, float32 bound "
-          f"{bound:.3g}", file=sys.stderr)
     for r in rows:
         assert r["logprob_diff_max"] <= bound, (r, bound)
     assert any(r["loss"] != 0.0 for r in rows)
@@ -428,6 +426,8 @@ def test_rpg_train_engine_vllm_math_end_to_end_resume_and_rpg_eval(eos_model_dir
     assert "amc23" in capsys.readouterr().out
     r = json.loads(res.read_text())["results"]["amc23"]
     assert r["problems"] == 2 and r["n"] == 2 and r["check_stats"]["checked"] == 4
+    print(f"math: logprob_diff_max {max(r['logprob_diff_max'] for r in rows):.3g}, float32 bound "
+          f"{bound:.3g}", file=sys.stderr)  # after the last readouterr: -rP shows it
 
 
 def test_a_vllm_run_prints_two_lines_of_its_own_and_stops_cleanly(eos_model_dir, tmp_path):
