@@ -3,6 +3,7 @@ small_scale/ on the import path (the tests import the benchmarks' shared module,
 the experiment runner)."""
 
 import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -29,6 +30,17 @@ def _fresh_working_directory(tmp_path_factory, monkeypatch):
     checkout (runs/, caches) cannot change a test's outcome, and no test writes into the checkout
     through a relative default path such as runs/<task>-<algo>-s<seed>."""
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """An xdist worker whose end of session (pytest's last garbage collections: seconds on a loaded
+    machine) outlasts 5 s is sent SIGINT by its own gateway (execnet's
+    WorkerGateway._terminate_execution). The KeyboardInterrupt lands in whatever runs then, such
+    as hypothesis's gc callback, and prints a traceback under the results. The results are in by
+    now: a worker ignores SIGINT from here on (tests/test_conftest.py checks it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +83,8 @@ def _why(reason: str) -> str:
 def pytest_collection_modifyitems(session, config, items):
     """Print the skip forecast once (the only process, or xdist's first worker, whose stderr is the
     terminal's): the tests/needs.py markers and any other skip marker, by reason, and the test
-    files skipped whole (an optional package that is absent)."""
+    files skipped whole (an optional package that is absent). The counts are pytest's own: a file
+    skipped whole is one skipped test in its summary (tests/test_conftest.py compares)."""
     if os.environ.get("PYTEST_XDIST_WORKER") not in (None, "gw0") or config.option.collectonly:
         return
     reasons = Counter()
@@ -83,10 +96,11 @@ def pytest_collection_modifyitems(session, config, items):
     if _skipped_files:
         why = Counter(_why(r) for _, r in _skipped_files)
         parts.append(f"{len(_skipped_files)} whole test file(s) ({'; '.join(why)})")
+    total = len(items) + len(_skipped_files)
     if not parts:
-        line = f"rpg-ref: none of the {len(items)} tests will skip here"
+        line = f"rpg-ref: none of the {total} tests will skip here"
     else:
-        n = sum(reasons.values())
-        line = (f"rpg-ref: {n} of {len(items)} tests will skip here: {', '.join(parts)} (see "
+        n = sum(reasons.values()) + len(_skipped_files)
+        line = (f"rpg-ref: {n} of {total} tests will skip here: {', '.join(parts)} (see "
                 f"tests/needs.py; -ra lists each)")
     print(line, file=sys.__stderr__, flush=True)

@@ -16,7 +16,10 @@ Process. vLLM's engine core and worker run in their own process (vLLM's multi-pr
 VLLM_ENABLE_V1_MULTIPROCESSING=1, set here): built in the trainer's process, vLLM's CPU worker
 re-seeds the global torch/numpy/random generators, replaces torch.set_num_threads by a no-op and
 binds memory to one NUMA node. In its own process the trainer's RNG streams, threads and
-determinism are the same whether or not a vLLM engine exists (tests/test_vllm_real.py).
+determinism are the same whether or not a vLLM engine exists (tests/test_vllm_real.py). The engine
+says one line when vLLM is up and one when it stops (how many syncs were verified); vLLM's own log
+is off unless VLLM_LOGGING_LEVEL is set (docs/vllm.md explains what it then prints). It stops at
+close(), when collected, or at exit, giving vLLM's processes STOP_TIMEOUT_S to end cleanly.
 
 Decided from vLLM's platform (vllm.platforms.current_platform), not from guesses:
     dtype      --vllm-dtype auto: the trainer's compute dtype (bf16 under --math-dtype
@@ -59,11 +62,16 @@ the nucleus and so differs from a trainer's full-softmax log-prob.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
+import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +102,9 @@ _NEEDS_VLLM = (
     "(docs/vllm.md)"
 )
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# seconds vLLM's processes get to stop cleanly before vLLM kills them (its default, 5 s, is too
+# short on a loaded CPU: the engine process is then killed and leaves its shared memory behind)
+STOP_TIMEOUT_S = 120
 _WRAPPER_SEGMENTS = {"module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
 # vLLM's fused parameters (its stacked_params_mapping for Llama-family models, Qwen3 included)
 _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
@@ -562,7 +573,7 @@ class VLLMEngine:
         )
         if not path or not os.path.isdir(path):  # a policy built in memory: give vLLM a checkpoint
             path = os.path.join(self._tmp.name, "model")
-            _hf_module(policy).save_pretrained(path)
+            _save_quietly(_hf_module(policy), path)
         self.policy, self.eos_id = policy, getattr(task, "eos_id", None)
         self.tie = bool(
             getattr(getattr(_hf_module(policy), "config", None), "tie_word_embeddings", False)
@@ -578,15 +589,27 @@ class VLLMEngine:
         max_len = opt.max_model_len or _context_length(_hf_module(policy), cfg)
         # vLLM in its own process: module docstring
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-        self.llm = vllm.LLM(
-            model=path, dtype=str(self.dtype).removeprefix("torch."), seed=self.seed,
-            enforce_eager=eager, enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
-            gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
-            enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 4096),
-            worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
-            logprobs_mode="processed_logprobs")
+        t0 = time.perf_counter()
+        quiet = os.environ.get("VLLM_LOGGING_LEVEL") == "ERROR"
+        # vLLM's processes start here; its engine process reads the timeout when it stops its worker
+        stop = {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": str(STOP_TIMEOUT_S)}
+        with _inherited_env({**stop, **(_QUIET_PROCESSES if quiet else {})}):
+            self.llm = vllm.LLM(
+                model=path, dtype=str(self.dtype).removeprefix("torch."), seed=self.seed,
+                enforce_eager=eager, enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
+                gpu_memory_utilization=opt.gpu_memory_utilization, max_model_len=max_len,
+                enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 4096),
+                worker_extension_cls="rpg_ref.engines.vllm.RPGWorkerExtension",
+                logprobs_mode="processed_logprobs", use_tqdm_on_load=not quiet)
         tol = opt.verify_tol or (1e-4 if str(self.dtype) == "torch.float32" else 0.05)
         self.sm = EngineStateMachine(_VLLMBackend(self.llm, self.sleep_mode), opt.sleep_level, tol)
+        self.syncs = {"verified": 0, "worst": 0.0, "tol": tol}  # what close() reports
+        # stopped by close(), else when the engine is collected or the interpreter exits
+        self._stop = weakref.finalize(self, _stop_engine, self.llm, self._tmp, self.syncs)
+        _say(f"vLLM {vllm.__version__} is up in its own process ({platform.device_type}, "
+             f"{str(self.dtype).removeprefix('torch.')}, context {max_len} tokens) after "
+             f"{time.perf_counter() - t0:.0f} s"
+             + ("; its own log: VLLM_LOGGING_LEVEL=INFO (docs/vllm.md)" if quiet else ""))
 
     @classmethod
     def from_pretrained(cls, path: str, seed: int = 0, **options):
@@ -654,14 +677,17 @@ class VLLMEngine:
             logits = policy(input_ids=ids).logits.float()                             # [1, L, V]
             lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])   # [L-1, 1]
         try:
-            return self.sm.sync(paths, sums, probe, lp[:, 0].tolist())
+            info = self.sm.sync(paths, sums, probe, lp[:, 0].tolist())
         finally:
             shutil.rmtree(xfer, ignore_errors=True)
+        self.syncs["verified"] += 1
+        self.syncs["worst"] = max(self.syncs["worst"], info["sync_logprob_diff"])
+        return info
 
     def close(self) -> None:
-        """Stop vLLM's process now (otherwise it stops when the engine is garbage-collected)."""
-        self.llm.llm_engine.engine_core.shutdown()
-        self._tmp.cleanup()
+        """Stop vLLM's processes now, each given STOP_TIMEOUT_S to end cleanly (otherwise they stop
+        when the engine is collected or the interpreter exits); one line reports the syncs."""
+        self._stop()
 
     def sleep(self) -> None:
         self.sm.sleep()
@@ -671,13 +697,72 @@ class VLLMEngine:
 
 
 def _import_vllm():
+    # vLLM's own log (its configuration at INFO, and at WARNING notes that are expected on the
+    # paths this engine takes: docs/vllm.md lists them) stays out of the terminal unless
+    # VLLM_LOGGING_LEVEL asks for it; vLLM's processes, started later, read the same variable.
+    quiet = "VLLM_LOGGING_LEVEL" not in os.environ
+    if quiet:
+        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
     try:
         import vllm
         from vllm.platforms import current_platform
     except ImportError as e:
+        if quiet:
+            del os.environ["VLLM_LOGGING_LEVEL"]
         raise ValueError(_NEEDS_VLLM) from e
+    if quiet:  # vLLM imported before the variable was set has its level already
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)  # as in vLLM's processes
     check_vllm_api()
     return vllm, current_platform
+
+
+# what vLLM's processes inherit while vLLM's own log is off: notes that are expected here stay
+# off the terminal too (docs/vllm.md lists them): torch's Python log at WARNING (Triton is absent
+# on the CPU), torch's C++ warnings (the CPU worker's NUMA binding), and the deprecation that
+# vLLM's kernel scan trips (torch.distributed.reduce_op)
+_QUIET_PROCESSES = {"TORCH_LOGS": "-torch", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                    "PYTHONWARNINGS": "ignore::FutureWarning:vllm.triton_utils.dispatcher"}
+
+
+@contextlib.contextmanager
+def _inherited_env(variables: dict):
+    """Set the variables the caller has not set, for processes started inside the block."""
+    added = {k: v for k, v in variables.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _say(line: str) -> None:
+    print(f"vllm engine: {line}", file=sys.stderr, flush=True)
+
+
+def _stop_engine(llm, tmp, syncs: dict) -> None:
+    t0 = time.perf_counter()
+    llm.llm_engine.engine_core.shutdown(timeout=STOP_TIMEOUT_S)
+    tmp.cleanup()
+    done = f"stopped after {time.perf_counter() - t0:.0f} s"
+    if syncs["verified"]:
+        n = syncs["verified"]
+        done += (f"; {n} weight sync{'s' if n > 1 else ''}, each verified (largest mean |log-prob "
+                 f"difference| on the probe {syncs['worst']:.1e}, tolerance {syncs['tol']:g})")
+    _say(done)
+
+
+def _save_quietly(model, path: str) -> None:
+    """save_pretrained without its progress bar (the trainer's bar is the one on the terminal)."""
+    from transformers.utils import logging as hf_logging
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _engine_dtype(name: str, policy, platform):
