@@ -31,15 +31,22 @@ CHILD = textwrap.dedent("""
 
 # the module whose import is under way when Ctrl-C comes: torch.nn is imported by torch's own
 # __init__ (torch._C is loaded by then), so the signal lands in the middle of `import torch`.
-# rpg-eval imports torch once its arguments are checked (a model folder, a problem file);
-# rpg-plot imports matplotlib, not torch, once it has a run folder to draw.
-ARGS = {"rpg-eval": ["--model", ".", "--data", "problems.jsonl"], "rpg-plot": ["some-run"]}
+# rpg-eval imports torch once its arguments pass the up-front checks (a folder that looks like a
+# model: config.json with a model_type, a weights file, a tokenizer file; a problem file);
+# rpg-plot imports matplotlib, not torch, once it has a run folder to draw; rpg-figs imports torch
+# when it draws its first figure.
+ARGS = {"rpg-eval": ["--model", "model", "--data", "problems.jsonl"], "rpg-plot": ["some-run"],
+        "rpg-figs": []}
 CASES = [(c, "matplotlib" if c == "rpg-plot" else "torch.nn", ARGS.get(c, []))
          for c in scripts.COMMANDS]
 
 
 def _run(command: str, target: str, args: list) -> subprocess.CompletedProcess:
     Path("problems.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    Path("model").mkdir(exist_ok=True)  # never loaded: the signal comes while torch imports
+    for name, text in (("config.json", '{"model_type": "qwen3"}'),
+                       ("model.safetensors", ""), ("tokenizer.json", "{}")):
+        Path("model", name).write_text(text)
     code = CHILD.format(target=target, command=command, args=args,
                         function=command.replace("-", "_"))
     # SIGINT as a terminal's process has it (a suite started in the background ignores it)

@@ -90,7 +90,8 @@ VLLM_API = {
     "vllm.engine.arg_utils:EngineArgs": (
         "model", "worker_extension_cls", "logprobs_mode", "enable_sleep_mode",
         "skip_tokenizer_init", "enable_chunked_prefill", "max_num_batched_tokens",
-        "enforce_eager", "gpu_memory_utilization", "max_model_len", "seed", "dtype"),
+        "enforce_eager", "gpu_memory_utilization", "max_model_len", "seed", "dtype",
+        "use_tqdm_on_load"),
     "vllm.platforms:current_platform": ("supported_dtypes", "is_sleep_mode_available",
                                         "support_static_graph_mode", "device_type"),
     "vllm.config:set_current_vllm_config": (),
