@@ -103,13 +103,10 @@ def _parse(argv: list) -> dict:
                          f"option") from None
     sys.stderr.write(err.getvalue())  # tyro's warnings, if any
     given = {}
-    for arg in argv:
-        key = arg[2:].split("=")[0].replace("-", "_") if arg.startswith("--") else ""
+    for key in (a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")):
         key = key[3:] if key not in DEFAULTS and key not in table and key[:3] == "no_" else key
-        if key in DEFAULTS:
-            given[key] = getattr(flags, key)
-        elif key in table:
-            given[key] = getattr(flags.task_and_engine, key)
+        if key in DEFAULTS or key in table:  # a field, or a task's or engine's option
+            given[key] = getattr(flags if key in DEFAULTS else flags.task_and_engine, key)
     return given
 
 
@@ -127,11 +124,14 @@ def parse_config(argv: list | None = None) -> Config:
     if "resume" in given:
         cfg = run_folder.resume_config(given)
     else:
-        preset = preset_for(given.get("task"), given.get("preset"))
+        name = preset_for(given.get("task"), given.get("preset"))
         try:
             cfg = from_preset(**given)
-        except ValueError as e:
-            raise ValueError(f"{e}{_from_preset(str(e), preset, given)}") from None
+        except ValueError as e:  # + each flag it names whose value came from the preset
+            notes = [f"--{flag} {PRESETS[name][key]} came from --preset {name}"
+                     for flag in dict.fromkeys(re.findall(r"--([a-z][a-z0-9-]*)", str(e)))
+                     if (key := flag.replace("-", "_")) in PRESETS[name] and key not in given]
+            raise ValueError(f"{e} ({'; '.join(notes)})" if notes else str(e)) from None
         if cfg.out is None:
             cfg.out = default_out(cfg, given)
     check_machine(cfg)
@@ -153,14 +153,6 @@ def default_out(cfg: Config, given: dict) -> str:
         return f"runs/{name}-{cfg.algo}-s{cfg.seed}"
     digest = hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()
     return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest[:6]}"
-
-
-def _from_preset(message: str, preset: str, given: dict) -> str:
-    """' (--x V came from --preset P)' for each flag the message names and the user did not give."""
-    notes = [f"--{flag} {PRESETS[preset][key]} came from --preset {preset}"
-             for flag in dict.fromkeys(re.findall(r"--([a-z][a-z0-9-]*)", message))
-             if (key := flag.replace("-", "_")) in PRESETS[preset] and key not in given]
-    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def check_machine(cfg: Config) -> None:

@@ -28,7 +28,8 @@ from rpg_ref.trainer.presets import DEFAULT_PRESET, PRESETS
 
 
 class Rule(NamedTuple):
-    """A numeric field's range: ``ok(value)``, and ``words`` for the message."""
+    """A field's allowed values (a number's range, a name's choices): ``ok(value)``, and ``words``
+    for the message."""
     words: str
     ok: Callable[[Any], bool]
 
@@ -50,8 +51,12 @@ NON_NEGATIVE = Rule("finite and >= 0", lambda v: _num(v) and 0 <= v < math.inf)
 PROBABILITY = Rule("in (0, 1]", lambda v: _num(v) and 0 < v <= 1)
 
 
+def one_of(*choices: str) -> Rule:
+    return Rule(" or ".join(map(repr, choices)), lambda v: v in choices)
+
+
 def _f(default, help: str, rule: Rule | None = None):
-    """A field with its --help text and, for a number, its range."""
+    """A field with its --help text and, where it has one, its rule."""
     meta = {"help": help, "rule": rule}
     if isinstance(default, (list, dict)):  # mutable: a fresh copy each
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
@@ -117,7 +122,7 @@ class Config:
     level: str = _f("token", f"importance-ratio level: one of {L.LEVELS}")
     agg: str = _f("token-mean", f"loss aggregation: one of {L.AGGREGATIONS}")
     ref: str = _f("iterative", "pi_ref: 'iterative' (pi_ref = pi_old, one model) or 'init' "
-                  "(frozen initial policy, a second model)")
+                  "(frozen initial policy, a second model)", one_of("iterative", "init"))
 
     def _check_algorithm(self):
         if self.beta is None and self.algo in L.SPECS:
@@ -141,8 +146,6 @@ class Config:
         if self.group_size == 1 and adv in GROUP_ESTIMATORS:
             _bad(f"--group-size 1 with the group baseline {adv!r}: every advantage would be 0; "
                  f"use --group-size >= 2 or --adv batch-mean")
-        if self.ref not in ("iterative", "init"):
-            _bad(f"--ref must be 'iterative' or 'init', got {self.ref!r}")
 
     # --- rollout ---
     engine: str = _f("auto", "sampler: one of rpg_ref.registry.ENGINES; auto = the task's default")
@@ -235,7 +238,8 @@ class Config:
     grad_clip: float = _f(1.0, "max gradient norm (0 = no clipping; the norm is logged either "
                           "way)", NON_NEGATIVE)
     warmup_steps: int = _f(0, "linear learning-rate warm-up, in training steps", AT_LEAST_0)
-    lr_decay: str = _f("constant", "after warm-up: 'constant' or 'cosine' (to 0 at the last step)")
+    lr_decay: str = _f("constant", "after warm-up: 'constant' or 'cosine' (to 0 at the last step)",
+                       one_of("constant", "cosine"))
 
     def _check_update(self):
         n = self.prompts_per_step * self.group_size
@@ -247,8 +251,6 @@ class Config:
             _bad(f"--mini-batch-size {self.mini_batch_size} is not divisible into micro-batches "
                  f"of --micro-batch-size {self.micro_batch_size}")
         self.adam_betas = [float(b) for b in self.adam_betas]
-        if self.lr_decay not in ("constant", "cosine"):
-            _bad(f"--lr-decay must be 'constant' or 'cosine', got {self.lr_decay!r}")
 
     # --- logging / checkpoints ---
     eval_every: int = _f(0, "evaluate every this many steps (0 = only at the end)", AT_LEAST_0)
@@ -278,7 +280,7 @@ class Config:
                 setattr(self, key, dataclasses.asdict(opts(**getattr(self, key))))
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # each number's own range
+        for f in dataclasses.fields(self):  # each field's own rule
             rule, v = f.metadata["rule"], getattr(self, f.name)
             if rule and v is not None and not rule.ok(v):
                 _bad(f"--{f.name.replace('_', '-')} must be {rule.words}, got {v!r}")
