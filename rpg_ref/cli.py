@@ -8,7 +8,7 @@ task's and engine's ``Options``, so ``--help`` is the dataclasses' own text; the
 built from the preset and the flags given (config.from_preset). A bad configuration is one line on
 stderr and exit code 2, before anything is written; a usage error (unknown flag, bad value) two
 lines. Ctrl-C (SIGINT) or SIGTERM ends a run with one line naming the step reached, what is saved
-and the --resume command, exit code 130 / 143.
+and the --resume command, exit code 130 / 143 (rpg_ref/trainer/interrupts.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import errno
 import hashlib
 import io
 import json
-import os
 import re
 import shlex
 import signal
@@ -33,26 +32,23 @@ import torch
 import tyro
 
 import rpg_ref.core.losses as L
-from rpg_ref.strict_json import loads
 from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer import run_folder
-from rpg_ref.trainer.checkpoint import DiskFull, ResumeError, latest_step
+from rpg_ref.trainer.checkpoint import DiskFull, ResumeError
 from rpg_ref.trainer.config import (
     DEFAULT_BETA,
-    DEFAULT_PRESET,
     DEFAULTS,
-    PRESETS,
     Config,
+    default_of,
     from_preset,
     plugin_options,
     preset_for,
 )
+from rpg_ref.trainer.interrupts import interrupted_message, peer_line, raise_interrupted
 from rpg_ref.trainer.metrics import Diverged, failure_line
+from rpg_ref.trainer.presets import DEFAULT_PRESET, PRESETS
 from rpg_ref.trainer.train import finished, prepare, train
 
-# what --resume OUT may change; every other flag must equal the stored run's
-RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every",
-                     "keep_checkpoints", "dist_timeout")
 # in the default --out's name, or (as for the output-folder check) not part of a run's identity
 OUT_NAME_KEYS = ("preset", "task", "algo", "seed", "out", "resume", "progress", "tensorboard")
 DESCRIPTION = "\n".join((  # one line each (tyro does not wrap it: no name is cut at a hyphen)
@@ -62,28 +58,15 @@ DESCRIPTION = "\n".join((  # one line each (tyro does not wrap it: no name is cu
     f"--algo is one of: {', '.join(L.LOSSES)}."))
 
 
-class UsageError(ValueError):
-    """A command line tyro cannot read (unknown flag, missing or mistyped value)."""
-
-
-def _like(f: dataclasses.Field, help: str | None = None) -> dataclasses.Field:
-    """A copy of field f (its default, its help)."""
-    return dataclasses.field(default=f.default, default_factory=f.default_factory,
-                             metadata={**f.metadata, "help": help or f.metadata.get("help")})
-
-
 def _flags_class(table: dict) -> type:
     """Config's fields and, in a group of their own, every task's and engine's options: the values
     tyro reads, unchecked (the Config is built from them and the preset by parse_config)."""
     options = dataclasses.make_dataclass("Options", [
-        (key, typing.get_type_hints(opts)[f.name],
-         _like(f, f"[{kind}:{name}] {f.metadata['help']}"))
+        (key, typing.get_type_hints(opts)[f.name], dataclasses.field(
+            default=f.default, default_factory=f.default_factory,
+            metadata={**f.metadata, "help": f"[{kind}:{name}] {f.metadata['help']}"}))
         for key, (kind, name, opts, f) in table.items()])
-    hidden = [(f.name, Annotated[dict, tyro.conf.Suppress], _like(f))
-              for f in dataclasses.fields(Config) if not f.metadata["cli"]]
-    no_clip = next(f for f in dataclasses.fields(Config) if f.name == "no_clip")
     return dataclasses.make_dataclass("Flags", [
-        *hidden, ("no_clip", Annotated[bool, tyro.conf.FlagCreatePairsOff], _like(no_clip)),
         ("task_and_engine", Annotated[options, tyro.conf.OmitArgPrefixes],
          dataclasses.field(default_factory=options)),
     ], bases=(Config,), namespace={"__post_init__": lambda self: None})
@@ -116,17 +99,14 @@ def _parse(argv: list) -> dict:
     except SystemExit as e:
         if not e.code:
             raise  # --help
-        raise UsageError(f"{_one_line(err.getvalue())}\nrun `rpg-train --help` for every "
+        raise ValueError(f"{_one_line(err.getvalue())}\nrun `rpg-train --help` for every "
                          f"option") from None
     sys.stderr.write(err.getvalue())  # tyro's warnings, if any
     given = {}
-    for arg in argv:
-        key = arg[2:].split("=")[0].replace("-", "_") if arg.startswith("--") else ""
+    for key in (a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")):
         key = key[3:] if key not in DEFAULTS and key not in table and key[:3] == "no_" else key
-        if key in DEFAULTS:
-            given[key] = getattr(flags, key)
-        elif key in table:
-            given[key] = getattr(flags.task_and_engine, key)
+        if key in DEFAULTS or key in table:  # a field, or a task's or engine's option
+            given[key] = getattr(flags if key in DEFAULTS else flags.task_and_engine, key)
     return given
 
 
@@ -142,15 +122,20 @@ def parse_config(argv: list | None = None) -> Config:
     """argv -> checked Config. Raises ValueError with a clear message on a bad configuration."""
     given = _parse(sys.argv[1:] if argv is None else list(argv))
     if "resume" in given:
-        return _resume_config(given)
-    preset = preset_for(given.get("task"), given.get("preset"))
-    try:
-        cfg = from_preset(**given)
+        cfg = run_folder.resume_config(given)
+    else:
+        name = preset_for(given.get("task"), given.get("preset"))
+        try:
+            cfg = from_preset(**given)
+        except ValueError as e:  # + each flag it names whose value came from the preset
+            notes = [f"--{flag} {PRESETS[name][key]} came from --preset {name}"
+                     for flag in dict.fromkeys(re.findall(r"--([a-z][a-z0-9-]*)", str(e)))
+                     if (key := flag.replace("-", "_")) in PRESETS[name] and key not in given]
+            raise ValueError(f"{e} ({'; '.join(notes)})" if notes else str(e)) from None
         if cfg.out is None:
             cfg.out = default_out(cfg, given)
-        check_here(cfg)
-    except ValueError as e:
-        raise ValueError(f"{e}{_from_preset(str(e), preset, given)}") from None
+    check_machine(cfg)
+    run_folder.check_out(cfg)
     return cfg
 
 
@@ -160,8 +145,7 @@ def default_out(cfg: Config, given: dict) -> str:
     matter). Two configurations never share a folder; the run with no flags stays
     runs/seq-rpg-reinforce-urkl-s0."""
     name = cfg.task if cfg.preset == preset_for(cfg.task, None) else cfg.preset
-    options = {k: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-               for k, (*_, f) in plugin_options().items()}
+    options = {k: default_of(f) for k, (*_, f) in plugin_options().items()}
     defaults = {**DEFAULTS, "beta": DEFAULT_BETA, **options, **PRESETS[cfg.preset]}
     changed = {k: v for k, v in given.items()
                if k not in OUT_NAME_KEYS and defaults.get(k, object()) != v}
@@ -171,53 +155,8 @@ def default_out(cfg: Config, given: dict) -> str:
     return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest[:6]}"
 
 
-def _from_preset(message: str, preset: str, given: dict) -> str:
-    """'; --x V came from preset P' for each flag the message names that the user did not give."""
-    notes = []
-    for flag in dict.fromkeys(re.findall(r"--([a-z][a-z0-9-]*)", message)):
-        key = flag.replace("-", "_")
-        if key in PRESETS[preset] and key not in given:
-            notes.append(f"--{flag} {PRESETS[preset][key]} came from --preset {preset}")
-    return f" ({'; '.join(notes)})" if notes else ""
-
-
-def _resume_config(given: dict) -> Config:
-    """The stored config of run folder DIR, continued in DIR (wherever the run was first written:
-    a moved folder, or a relative --out resumed from another working directory, stays where it
-    is)."""
-    out = Path(given["resume"])
-    if "out" in given:
-        raise ValueError(f"--resume {out} continues the run in {out}: drop --out")
-    path = out / "config.json"
-    if not path.is_file():
-        raise ValueError(f"--resume {out}: no run there ({path} not found)")
-    try:
-        stored = loads(path.read_text())
-        cfg = Config(**stored)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
-    if wrong := run_folder.mistyped(stored, path):
-        raise ValueError(f"--resume {out}: {wrong}")
-    flat = {**stored, **{f"{cfg.task}_{k}": v for k, v in cfg.task_options.items()},
-            **{f"{cfg.engine}_{k}": v for k, v in cfg.engine_options.items()}}
-    differ = {k: (flat.get(k), v) for k, v in given.items()
-              if k not in (*RESUME_CHANGEABLE, "resume") and flat.get(k) != v}
-    if differ:
-        raise ValueError(f"--resume {out}: flags differ from the stored run's config: {differ}; "
-                         f"only {sorted(RESUME_CHANGEABLE)} may change on resume")
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if k in RESUME_CHANGEABLE},
-                              resume=str(out), out=str(out))
-    reached = latest_step(out)
-    if cfg.steps < reached:
-        raise ValueError(f"--resume {out}: --steps {cfg.steps} is below the step the run has "
-                         f"reached ({reached}); pass --steps >= {reached}")
-    check_here(cfg)
-    return cfg
-
-
-def check_here(cfg: Config) -> None:
-    """What the Config cannot know: that this machine has --device and the tensorboard package,
-    and that OUT is a folder we can create or reuse (a new run never writes into another run)."""
+def check_machine(cfg: Config) -> None:
+    """What the Config cannot know: that this machine has --device and the tensorboard package."""
     device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         why = "no GPU is visible" if torch.version.cuda else "this torch is a CPU-only build"
@@ -232,81 +171,13 @@ def check_here(cfg: Config) -> None:
         except ImportError as e:
             raise ValueError(f"bad configuration: --tensorboard needs the tensorboard package "
                              f"({e}); pip install tensorboard") from None
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(
-            f"bad configuration: --out {out} exists and is not a folder; choose another --out")
-    ancestor = out
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not os.access(ancestor, os.W_OK):
-        raise ValueError(
-            f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out")
-    if not cfg.resume and (out / "config.json").exists():
-        stored = {**DEFAULTS, **loads((out / "config.json").read_text())}
-        diff = sorted(k for k, v in dataclasses.asdict(cfg).items()
-                      if stored.get(k) != v and k not in ("progress", "tensorboard", "resume"))
-        if not diff and latest_step(out) == 0:
-            return  # the same run, stopped before its first checkpoint: it starts again from step 1
-        what = f"a different config (fields {diff})" if diff else "the same config"
-        raise ValueError(f"bad configuration: output folder {out} already holds a run with {what}; "
-                         f"pass --resume {out} to continue it, or choose another --out")
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that both end a run the same way."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_interrupted(signum, frame):
-    raise Interrupted(signum)
-
-
-def interrupted_message(cfg: Config | None, signum: int) -> str:
-    """One line: the signal, the step reached, what is saved, and the command that continues."""
-    name = signal.Signals(signum).name
-    out = Path(cfg.out) if cfg is not None and cfg.out else None
-    if out is None or not (out / "config.json").is_file():
-        return f"rpg-train: interrupted ({name}) before the run started; nothing was written"
-    metrics = out / "metrics.jsonl"
-    done = metrics.read_text().count("\n") if metrics.is_file() else 0  # complete rows: steps done
-    saved = latest_step(out)
-    kept = (f"checkpoint of step {saved} in {out / 'checkpoints'}" if saved
-            else "no checkpoint yet (the run restarts from step 1; the same command works too)")
-    return (f"rpg-train: interrupted ({name}) after step {done} of {cfg.steps}; saved: {kept}; "
-            f"continue with: rpg-train --resume {shlex.quote(str(out))}")
-
-
-def _busy(argv: list | None, error: str) -> str | None:
-    """The lock holder's line when the folder a refusal names (--resume DIR or --out DIR on the
-    command line) is in use: that is the reason."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    for i, a in enumerate(args):
-        flag, eq, value = a.partition("=")
-        if flag in ("--resume", "--out"):
-            folder = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if folder and folder in error:
-                return run_folder.in_use(Path(folder))
-    return None
-
-
-def _peer_line(what: str, wait_s: float = 4.0) -> str:
-    """This rank stopped because another failed: which one, when the heartbeats tell."""
-    who = D.silent_peers(wait_s)
-    where = (f"{'; '.join(who)}: look there first (torchrun's report names the first rank to exit)"
-             if who else "torchrun's report names the rank that failed first")
-    return (f"rank {D.rank()} stopped: another rank died or stopped responding ({what}); "
-            f"{where}")
 
 
 def main(argv: list | None = None) -> int:
-    cfg = lock = None
-    previous = None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = lock = previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        previous = signal.signal(signal.SIGTERM, raise_interrupted)
     try:
         # every user mistake (flags, data, model, device, folder) is caught before OUT is written
         try:
@@ -315,8 +186,9 @@ def main(argv: list | None = None) -> int:
                 lock = run_folder.claim(cfg.out)
                 cfg = parse_config(argv)  # the folder's checks again, now that no one else writes
             run = None if finished(cfg) else prepare(cfg)
-        except ValueError as e:
-            print(f"rpg-train: {(D.is_main() and _busy(argv, str(e))) or e}", file=sys.stderr)
+        except ValueError as e:  # a folder in use: that is the reason
+            print(f"rpg-train: {(D.is_main() and run_folder.busy(argv, str(e))) or e}",
+                  file=sys.stderr)
             return 2
         if run is None:
             print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
@@ -331,7 +203,7 @@ def main(argv: list | None = None) -> int:
             if D.peer_failure(e):
                 if D.peers_stopping():
                     return 128 + signal.SIGTERM  # torchrun stops the job: that rank says so
-                line = _peer_line(str(e).splitlines()[0][:160])
+                line = peer_line(str(e).splitlines()[0][:160])
             elif isinstance(e, OSError) and e.errno == errno.ENOSPC:
                 line = (f"no space left on the device of {cfg.out} ({e.filename or e}); free some "
                         f"space and continue with: rpg-train --resume {shlex.quote(cfg.out)}")
@@ -345,17 +217,13 @@ def main(argv: list | None = None) -> int:
         signum = getattr(e, "signum", signal.SIGINT)
         D.mark_stopping()
         # torchrun stops every rank with SIGTERM when one died: the reason, if that is it
-        dead = [p for p in D.silent_peers() if p.endswith("has exited")]
-        if dead:
+        if any(p.endswith("has exited") for p in D.silent_peers()):
             why = f"torchrun stopped this rank with {signal.Signals(signum).name}"
-            print(f"rpg-train: {_peer_line(why, 0.0)}", file=sys.stderr)
+            print(f"rpg-train: {peer_line(why, 0.0)}", file=sys.stderr)
         elif D.is_main():  # under torchrun every rank gets the signal: one line is enough
             mine = cfg if lock is not None else None  # a folder it does not hold is not its run
-            print(
-                ("\n" if cfg is not None and cfg.progress else "")
-                + interrupted_message(mine, signum),
-                file=sys.stderr,
-            )
+            bar_end = "\n" if cfg is not None and cfg.progress else ""
+            print(bar_end + interrupted_message(mine, signum), file=sys.stderr)
         return 128 + signum
     finally:
         if previous is not None:

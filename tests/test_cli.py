@@ -147,7 +147,8 @@ def test_config_from_python_is_the_command_lines():
     loss with no KL term (dapo) is 0 both ways, 1e-3 for the others; a preset's beta gives way to
     such a loss (bandit: 0.5 -> 0 for dapo) while a beta given with it is refused; the task's and
     engine's options are filled and checked the same way."""
-    from rpg_ref.trainer.config import PRESETS, Config, from_preset
+    from rpg_ref.trainer.config import Config, from_preset
+    from rpg_ref.trainer.presets import PRESETS
 
     seq = {**PRESETS["seq"], "preset": "seq"}
     assert Config(algo="dapo").beta == cli.parse_config(["--algo", "dapo"]).beta == 0.0

@@ -28,8 +28,8 @@ pytest.importorskip("safetensors")
 from tiny_runs import tiny_math_argv
 
 from rpg_ref import cli
-from rpg_ref.trainer import config, train
 from rpg_ref.trainer import distributed as D
+from rpg_ref.trainer import presets, train
 
 pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def test_bandit_on_2_ranks_reaches_the_regularized_optimum_of_one_process(bandit
         one["tv_distance"],
     )
     assert 0.5 * np.abs(np.array(two["policy"]) - np.array(one["policy"])).sum() < 0.02
-    assert len(rows(bandit_2_ranks)) == config.PRESETS["bandit"]["steps"]
+    assert len(rows(bandit_2_ranks)) == presets.PRESETS["bandit"]["steps"]
 
 
 def _rank_pid(torchrun_pid: int, rank: int, timeout: float = 60) -> int:
@@ -217,7 +217,7 @@ def test_killed_rank_stops_the_run_within_seconds(killed_rank):
     assert lines[0].startswith("rpg-train: rank 0 stopped: another rank died or stopped responding")
     assert f"rank 1 (PID {killed_rank['pid']} on " in lines[0] and "has exited" in lines[0]
     assert "SIGKILL" in err and "rank      : 1" in err
-    assert killed_rank["steps_before"] < config.PRESETS["bandit"]["steps"]
+    assert killed_rank["steps_before"] < presets.PRESETS["bandit"]["steps"]
 
 
 def test_2_rank_run_resumes_bitwise_after_sigkill(killed_rank, bandit_2_ranks):

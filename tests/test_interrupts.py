@@ -9,8 +9,7 @@ import threading
 
 import pytest
 
-from rpg_ref.cli import Interrupted
-from rpg_ref.trainer.interrupts import signals_deferred
+from rpg_ref.trainer.interrupts import Interrupted, signals_deferred
 
 
 def _raise_sigint(signum, frame):

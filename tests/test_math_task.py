@@ -394,12 +394,12 @@ def test_bad_model_is_refused(tiny_config, tmp_path):
 
 def test_trainer_registers_math_and_vllm_and_the_math_presets_are_the_papers_recipe():
     """rpg-train resolves --task math and --engine vllm (the class, importable without vLLM); the
-    math presets are the paper's recipe (config.PAPER_RECIPE) at 2K/4K/8K, and `math` is it on the
+    math presets are the paper's recipe (presets.PAPER_RECIPE) at 2K/4K/8K, and `math` is it on the
     task's default engine."""
     from rpg_ref.engines.vllm import VLLMEngine
     from rpg_ref.registry import ENGINES, TASKS, resolve
     from rpg_ref.tasks.math import MathTask
-    from rpg_ref.trainer.config import PAPER_RECIPE, PRESETS
+    from rpg_ref.trainer.presets import PAPER_RECIPE, PRESETS
 
     assert resolve(TASKS, "math", "task") is MathTask
     assert resolve(ENGINES, "vllm", "engine") is VLLMEngine

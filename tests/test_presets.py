@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rpg_ref.trainer.config import PAPER_HPARAMS, PRESETS
+from rpg_ref.trainer.presets import PAPER_HPARAMS, PRESETS
 
 
 def test_presets_use_only_trainer_config_fields_and_registered_options(tmp_path):

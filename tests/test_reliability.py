@@ -23,7 +23,7 @@ pytest.importorskip("safetensors")
 
 from rpg_ref import cli
 from rpg_ref.math.data import data_dir
-from rpg_ref.trainer import config, run_folder
+from rpg_ref.trainer import config, presets, run_folder
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress"]
 VOLATILE = ("time_", "_per_s", "peak_mem_mb")
@@ -348,7 +348,7 @@ def test_unreachable_hub_model_is_refused_quickly(tmp_path):
 def test_help_shows_the_values_the_default_run_uses():
     """For every value the default preset sets, --help shows that value, not the dataclass's."""
     text = " ".join(cli.help_text().replace("│", " ").split())  # without tyro's box
-    preset = config.PRESETS[config.DEFAULT_PRESET]
+    preset = presets.PRESETS[presets.DEFAULT_PRESET]
     assert "The defaults shown are what runs with no flags: the preset 'seq'" in text
     for key, value in preset.items():
         flag = "--" + key.replace("_", "-")

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from rpg_ref import cli
 from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.tasks.bandit import kl_regularized_optimum
-from rpg_ref.trainer import config, train
+from rpg_ref.trainer import config, presets, train
 from rpg_ref.trainer.distributed import Workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -538,14 +539,15 @@ def test_help_is_generated_from_the_dataclass_and_presets_are_overridable():
     """--help lists every Config field with its help text; a preset sets values, an explicit flag
     overrides it, --task picks the preset of the same name, no arguments = the seq preset."""
     text = " ".join(cli.help_text().replace("│", " ").split())  # without tyro's box
+    hints = typing.get_type_hints(config.Config, include_extras=True)
     for f in dataclasses.fields(config.Config):
-        if f.metadata.get("cli", True):
+        if hints[f.name] != config.NoFlag:  # task_options, engine_options: no flag of their own
             assert "--" + f.name.replace("_", "-") in text
             assert " ".join(f.metadata["help"].split())[:40] in text, f.name
     cfg = cli.parse_config(["--preset", "bandit", "--lr", "0.01"])
-    assert (cfg.task, cfg.lr, cfg.steps) == ("bandit", 0.01, config.PRESETS["bandit"]["steps"])
+    assert (cfg.task, cfg.lr, cfg.steps) == ("bandit", 0.01, presets.PRESETS["bandit"]["steps"])
     assert (
-        cli.parse_config(["--task", "bandit"]).group_size == config.PRESETS["bandit"]["group_size"]
+        cli.parse_config(["--task", "bandit"]).group_size == presets.PRESETS["bandit"]["group_size"]
     )
     cfg = cli.parse_config([])
     assert (cfg.preset, cfg.task, cfg.algo) == ("seq", "seq", "rpg-reinforce-urkl")

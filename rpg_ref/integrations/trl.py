@@ -65,7 +65,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rpg_ref.core.losses import LOSSES, SPECS, parse_clip, resolve_options
 from rpg_ref.trainer import rollout_correction
-from rpg_ref.trainer.config import PAPER_HPARAMS
+from rpg_ref.trainer.presets import PAPER_HPARAMS
 
 SUPPORTED = [
     n for n in LOSSES if not SPECS[n].kl_in_reward and SPECS[n].advantage.startswith("group")

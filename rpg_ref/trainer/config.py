@@ -1,12 +1,11 @@
-"""rpg-train's configuration: the ``Config`` dataclass and the named presets.
+"""rpg-train's configuration: the ``Config`` dataclass, checked where it is built.
 
 Each field's ``help`` is its --help text (rpg_ref/cli.py hands the dataclass to tyro) and a numeric
 field's ``rule`` its range. ``Config.__post_init__`` checks every rule, then each section's
 ``_check_*`` (written under the section's fields) the rules that tie fields together, and resolves
 what is left to the run (the engine, beta, the task's and engine's options): ``Config(...)`` from
 Python is the configuration rpg-train would run, and a bad one is one ValueError line naming the
-flag. A preset holds the values that differ from the defaults, keyed like flags
-("<task>_<option>" for an option of a task or an engine); ``from_preset`` applies one.
+flag. ``from_preset`` applies a named preset (rpg_ref/trainer/presets.py), then the flags given.
 """
 
 from __future__ import annotations
@@ -16,18 +15,21 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import torch
+import tyro
 
 import rpg_ref.core.losses as L
 import rpg_ref.trainer.rollout_correction as RC
 from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS, TOKEN_LEVEL
 from rpg_ref.registry import ENGINES, TASKS, resolve
+from rpg_ref.trainer.presets import DEFAULT_PRESET, PRESETS
 
 
 class Rule(NamedTuple):
-    """A numeric field's range: ``ok(value)``, and ``words`` for the message."""
+    """A field's allowed values (a number's range, a name's choices): ``ok(value)``, and ``words``
+    for the message."""
     words: str
     ok: Callable[[Any], bool]
 
@@ -49,12 +51,19 @@ NON_NEGATIVE = Rule("finite and >= 0", lambda v: _num(v) and 0 <= v < math.inf)
 PROBABILITY = Rule("in (0, 1]", lambda v: _num(v) and 0 < v <= 1)
 
 
-def _f(default, help: str, rule: Rule | None = None, cli: bool = True):
-    """A field with its --help text and, for a number, its range (cli=False: no flag)."""
-    meta = {"help": help, "rule": rule, "cli": cli}
+def one_of(*choices: str) -> Rule:
+    return Rule(" or ".join(map(repr, choices)), lambda v: v in choices)
+
+
+def _f(default, help: str, rule: Rule | None = None):
+    """A field with its --help text and, where it has one, its rule."""
+    meta = {"help": help, "rule": rule}
     if isinstance(default, (list, dict)):  # mutable: a fresh copy each
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+NoFlag = Annotated[dict, tyro.conf.Suppress]  # a field with no flag of its own
 
 
 def _bad(msg: str):
@@ -108,11 +117,12 @@ class Config:
     clip: list[float] | None = _f(  # noqa: RUF009
         None, "clipping eps_low eps_high [c]: PPO / RPG-Style dual clip (c > 1, 'inf' = no dual "
         "bound). None: the loss's own (none for rpg losses)")
-    no_clip: bool = _f(False, "no clipping (rpg losses only; PPO-type baselines always clip)")
+    no_clip: Annotated[bool, tyro.conf.FlagCreatePairsOff] = _f(  # --no-clip only
+        False, "no clipping (rpg losses only; PPO-type baselines always clip)")
     level: str = _f("token", f"importance-ratio level: one of {L.LEVELS}")
     agg: str = _f("token-mean", f"loss aggregation: one of {L.AGGREGATIONS}")
     ref: str = _f("iterative", "pi_ref: 'iterative' (pi_ref = pi_old, one model) or 'init' "
-                  "(frozen initial policy, a second model)")
+                  "(frozen initial policy, a second model)", one_of("iterative", "init"))
 
     def _check_algorithm(self):
         if self.beta is None and self.algo in L.SPECS:
@@ -136,8 +146,6 @@ class Config:
         if self.group_size == 1 and adv in GROUP_ESTIMATORS:
             _bad(f"--group-size 1 with the group baseline {adv!r}: every advantage would be 0; "
                  f"use --group-size >= 2 or --adv batch-mean")
-        if self.ref not in ("iterative", "init"):
-            _bad(f"--ref must be 'iterative' or 'init', got {self.ref!r}")
 
     # --- rollout ---
     engine: str = _f("auto", "sampler: one of rpg_ref.registry.ENGINES; auto = the task's default")
@@ -230,7 +238,8 @@ class Config:
     grad_clip: float = _f(1.0, "max gradient norm (0 = no clipping; the norm is logged either "
                           "way)", NON_NEGATIVE)
     warmup_steps: int = _f(0, "linear learning-rate warm-up, in training steps", AT_LEAST_0)
-    lr_decay: str = _f("constant", "after warm-up: 'constant' or 'cosine' (to 0 at the last step)")
+    lr_decay: str = _f("constant", "after warm-up: 'constant' or 'cosine' (to 0 at the last step)",
+                       one_of("constant", "cosine"))
 
     def _check_update(self):
         n = self.prompts_per_step * self.group_size
@@ -242,8 +251,6 @@ class Config:
             _bad(f"--mini-batch-size {self.mini_batch_size} is not divisible into micro-batches "
                  f"of --micro-batch-size {self.micro_batch_size}")
         self.adam_betas = [float(b) for b in self.adam_betas]
-        if self.lr_decay not in ("constant", "cosine"):
-            _bad(f"--lr-decay must be 'constant' or 'cosine', got {self.lr_decay!r}")
 
     # --- logging / checkpoints ---
     eval_every: int = _f(0, "evaluate every this many steps (0 = only at the end)", AT_LEAST_0)
@@ -252,9 +259,10 @@ class Config:
     progress: bool = _f(True, "progress bar (tqdm when installed)")
     tensorboard: bool = _f(False, "also log to TensorBoard (needs the tensorboard package)")
 
-    # --- the task's and the engine's Options (flags --<task>-<option>, --<engine>-<option>) ---
-    task_options: dict = _f({}, "the task's Options", cli=False)  # noqa: RUF009
-    engine_options: dict = _f({}, "the engine's Options", cli=False)  # noqa: RUF009
+    # --- the task's and the engine's Options: each option is a flag of its own,
+    # --<task>-<option> or --<engine>-<option> (plugin_options) ---
+    task_options: NoFlag = _f({}, "the task's Options")  # noqa: RUF009
+    engine_options: NoFlag = _f({}, "the engine's Options")  # noqa: RUF009
 
     def _fill_options(self):
         """Resolve engine 'auto'; complete each Options from its defaults and check it (its
@@ -272,7 +280,7 @@ class Config:
                 setattr(self, key, dataclasses.asdict(opts(**getattr(self, key))))
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # each number's own range
+        for f in dataclasses.fields(self):  # each field's own rule
             rule, v = f.metadata["rule"], getattr(self, f.name)
             if rule and v is not None and not rule.ok(v):
                 _bad(f"--{f.name.replace('_', '-')} must be {rule.words}, got {v!r}")
@@ -283,8 +291,11 @@ class Config:
         self._check_update()
 
 
-DEFAULTS = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(Config)}
+def default_of(f: dataclasses.Field):
+    return f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+
+
+DEFAULTS = {f.name: default_of(f) for f in dataclasses.fields(Config)}
 
 
 def engine_for(task: str, engine: str) -> str:
@@ -314,144 +325,6 @@ def plugin_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
             for f in dataclasses.fields(opts) if opts else ():
                 table[f"{name.replace('-', '_')}_{f.name}"] = (kind, name, opts, f)
     return table
-
-
-# =============================================================================================
-# presets
-# =============================================================================================
-
-# What the paper states (app:detailed_exp_setup_choices, sec:experiments) and, marked "released
-# code", what its released training scripts use (docs/paper_code.md).
-PAPER_HPARAMS = {
-    "model": "Qwen3-4B",
-    "train_data": "DAPO-Math-17k (13.9k English samples)",
-    "eval": "Mean@32 on AIME24, AIME25, AMC23",
-    "optimizer": "AdamW",
-    "lr": 1e-6,
-    "weight_decay": 0.1,
-    "grad_clip": 1.0,
-    "steps": 400,
-    "warmup_steps": 10,                   # then constant
-    "prompts_per_step": 512,              # "global training batch size"
-    "group_size": 16,                     # responses per prompt
-    "temperature": 1.0,
-    "mini_batch_prompts_per_gpu": 32,
-    "gpus": "8x H100",
-    "beta": 1e-4,
-    "clip_rpg": (0.2, 0.28),              # RPG, RPG-REINFORCE and DAPO
-    "clip_grpo": (0.1, 0.1),              # appendix; sec:experiments says (0.2, 0.2) for GRPO
-    "clip_grpo_main_text": (0.2, 0.2),
-    "response_lengths": (2048, 4096, 8192),  # the 2K / 4K / 8K runs
-    "max_len_note": "appendix: max training and rollout length 4,096 tokens for the 2K context "
-                    "length and 8,192 for 4K, with dynamic batching",
-    "dynamic_sampling": True,             # DAPO group filtering (sec:experiments)
-    "overlong_punishment": True,          # DAPO reward shaping (sec:experiments)
-    "rpg_style_clip": True,               # for the REINFORCE-style losses at scale
-    "framework": "verl + vLLM",
-    # released code, not stated in the paper's text:
-    "dual_clip_c_released_code": 10.0,
-    "overlong_buffer_released_code": 512,
-    "reward_released_code": "+1 / -1 on the last 'Answer:' line",
-    "lr_reinforce_scripts_released_code": 5e-7,
-}
-
-# The paper's recipe on one GPU: the rollout batch stays 512 prompts x 16 responses; each optimizer
-# step uses 512 responses (the paper's per-GPU mini-batch of 32 prompts x 16), so a rollout batch
-# gives 16 optimizer steps as on 8 GPUs, each accumulating gradients over micro-batches.
-_P = PAPER_HPARAMS
-PAPER_RECIPE = dict(
-    task="math",
-    engine="vllm",
-    algo="rpg-reinforce-urkl",
-    adv="auto",
-    ref="iterative",
-    beta=_P["beta"],
-    clip=[*_P["clip_rpg"], _P["dual_clip_c_released_code"]],
-    prompts_per_step=_P["prompts_per_step"],
-    group_size=_P["group_size"],
-    temperature=_P["temperature"],
-    top_p=1.0,
-    dynamic_sampling=True,
-    overlong_buffer=_P["overlong_buffer_released_code"],
-    overlong_penalty=1.0,
-    mini_batch_size=_P["mini_batch_prompts_per_gpu"] * _P["group_size"],  # 512
-    # 512 sequences per optimizer step, one at a time (the memory budget's assumption)
-    micro_batch_size=1,
-    lr=_P["lr"],
-    weight_decay=_P["weight_decay"],
-    grad_clip=_P["grad_clip"],
-    warmup_steps=_P["warmup_steps"],
-    lr_decay="constant",
-    steps=_P["steps"],
-    eval_every=10,
-    save_every=10,
-    # the math task's options: fp32 master weights, bf16 compute, checkpointing
-    # (docs/memory_budget_*)
-    math_model="Qwen/Qwen3-4B",
-    math_train_data="deepmath_int",
-    math_eval_data=["aime24", "aime25", "amc23"],
-    math_eval_n=32,
-    math_eval_k=[32],
-    math_prompt="answer",
-    math_enable_thinking=False,
-    math_scoring="pm1",
-    math_dtype="bf16-autocast",
-    math_gradient_checkpointing=True,
-)
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # K-armed bandit: large groups make the group-mean baseline's (1 - 1/G) shrink negligible, a
-    # cosine-decayed learning rate lets Adam settle on the KL-regularized optimum.
-    "bandit": {
-        "task": "bandit",
-        "steps": 300,
-        "beta": 0.5,
-        "prompts_per_step": 1,
-        "group_size": 512,
-        "max_new_tokens": 1,
-        "mini_batch_size": 128,
-        "lr": 0.05,
-        "grad_clip": 0.0,
-        "lr_decay": "cosine",
-        "save_every": 50,
-        "threads": 1,
-    },
-    # digit addition with a tiny Qwen3 (warm-started by a short supervised phase, cached), with
-    # RPG-Style Clip at the paper's (eps_low, eps_high) = (0.2, 0.28) and dual-clip c = 3.
-    "seq": {
-        "task": "seq",
-        "steps": 80,
-        "max_new_tokens": 5,
-        "lr": 3e-4,
-        "clip": [0.2, 0.28, 3.0],
-        "eval_every": 20,
-        "save_every": 20,
-        "threads": 1,
-    },
-    # the paper's run: Qwen3-4B at 2K / 4K / 8K responses with a colocated vLLM
-    "qwen3-4b-h100": dict(PAPER_RECIPE, max_new_tokens=2048),
-    "qwen3-4b-h100-4k": dict(PAPER_RECIPE, max_new_tokens=4096),
-    "qwen3-4b-h100-8k": dict(PAPER_RECIPE, max_new_tokens=8192),
-    # the same recipe on a smaller model, micro-batches of 4 responses (chosen when the trainer
-    # still materialized full fp32 logits; with the chunked LM head a token budget may do better:
-    # untuned)
-    "qwen3-0.6b-h100": dict(
-        PAPER_RECIPE, max_new_tokens=2048, micro_batch_size=4, math_model="Qwen/Qwen3-0.6B"
-    ),
-}
-# `rpg-train --task math` (no --preset): the paper's recipe on the math task's default engine (hf)
-PRESETS["math"] = {k: v for k, v in PRESETS["qwen3-4b-h100"].items() if k != "engine"}
-# the math pipeline on a CPU in about a minute: a tiny random Qwen3 (the real tokenizer and chat
-# template), real training problems, the paper's loss and clip, DAPO's overlong penalty over the
-# last 8 of 32 tokens, then Mean@k / Pass@k on 8 AMC23 problems. It checks the pipeline, not the
-# learning: random text never ends nor holds an answer, so every reward is -1 - 1 (wrong, overlong).
-PRESETS["math-cpu"] = dict(
-    PRESETS["math"], device="cpu", threads=1, steps=4, prompts_per_step=4, group_size=4,
-    max_new_tokens=32, dynamic_sampling=False, overlong_buffer=8, mini_batch_size=8,
-    micro_batch_size=0, lr=1e-4, warmup_steps=0, eval_every=0, save_every=2,
-    math_model="tiny-qwen3", math_train_limit=256, math_eval_data=["amc23"], math_eval_limit=8,
-    math_eval_n=2, math_eval_k=[1, 2], math_dtype="float32", math_gradient_checkpointing=False)
-DEFAULT_PRESET = "seq"
 
 
 def preset_for(task: str | None, preset: str | None) -> str:

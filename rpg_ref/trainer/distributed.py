@@ -28,7 +28,9 @@ ranks decide together (so they never disagree):
   clipping uses the global norm. The mini-batch's loss statistics are summed over the ranks
   (``sum_over_ranks``) before the kappa early stop reads them.
 - Rank 0 writes the run folder; rank 0 alone runs the task's evaluation (``Workers.evaluate``) and
-  the others wait for its result; peak memory is the largest rank's (``max_over_ranks``).
+  the others wait for its result, and it gets the final policy as a plain module for the task's
+  summary (``Workers.plain_policy``); peak memory is the largest rank's (``max_over_ranks``, in
+  rpg_ref.trainer.metrics.peak_memory_mb).
 - A rank that dies: torchrun's agent stops the others at once and the survivors' gloo/NCCL
   connections fail; a rank that hangs: every collective times out after --dist-timeout seconds.
 
@@ -361,6 +363,11 @@ class Workers:
             box = [evaluate(self.task, self.policy, self.engine) if is_main() else None]
             dist.broadcast_object_list(box, 0)
             return box[0]
+
+    def plain_policy(self) -> nn.Module | None:
+        """Every rank calls this (collective): rank 0 gets the policy as an ordinary module with
+        the full weights (``plain_copy``), the others None. One process: the policy itself."""
+        return plain_copy(self.policy)
 
     def wake(self) -> None:
         self.engine.wake()

@@ -233,11 +233,14 @@ class Progress:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory in MiB: CUDA max allocated on GPU; on CPU the process's peak RSS (VmHWM).
+    """Peak memory in MiB: CUDA max allocated on GPU; on CPU the process's peak RSS (VmHWM). Under
+    torchrun the largest rank's (every rank calls this: a collective)."""
+    return D.max_over_ranks(_peak_memory_mb(device))
 
-    VmHWM belongs to this process image; ru_maxrss is not used on Linux because it carries over the
-    peak of a parent that forked us (a big parent would inflate it).
-    """
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """This process's peak. VmHWM belongs to this process image; ru_maxrss is not used on Linux
+    because it carries over the peak of a parent that forked us (a big parent would inflate it)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     try:

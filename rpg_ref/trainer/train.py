@@ -24,14 +24,14 @@ model lives in memory. ``--ref init`` keeps a frozen copy of the initial policy 
 setting): a second model. Losses and advantages are imported, never re-implemented here.
 
 The loop is single-process code over the step's whole batch. Under torchrun the ranks split the
-work inside the calls to rpg_ref/trainer/distributed.py (``Workers``: sampling and scoring;
-``map_rows``: log-probs; ``from_main``, ``micro_batches``, ``sum_over_ranks``: the update); with one
-process each of them is the plain call.
+work inside the calls to rpg_ref/trainer/distributed.py (``Workers``: sampling, scoring,
+evaluation and the final policy; ``map_rows``: log-probs; ``from_main``, ``micro_batches``,
+``sum_over_ranks``: the update); with one process each of them is the plain call.
 
-Everything else lives next door: the flags and presets in rpg_ref/trainer/config.py and
-rpg_ref/cli.py, what a task or an engine must provide in rpg_ref/interfaces.py, the tasks in
-rpg_ref/tasks/, the samplers in rpg_ref/engines/, checkpoints in rpg_ref/trainer/checkpoint.py, the
-metric keys in rpg_ref/trainer/metrics.py.
+Everything else lives next door: the flags in rpg_ref/trainer/config.py and rpg_ref/cli.py, the
+presets in rpg_ref/trainer/presets.py, what a task or an engine must provide in
+rpg_ref/interfaces.py, the tasks in rpg_ref/tasks/, the samplers in rpg_ref/engines/, checkpoints in
+rpg_ref/trainer/checkpoint.py, the metric keys in rpg_ref/trainer/metrics.py.
 """
 
 from __future__ import annotations
@@ -389,7 +389,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             last_eval = {f"eval_{k}": v for k, v in workers.evaluate().items()}  # rank 0's
             row.update(last_eval)
         row["time_step"] = time.perf_counter() - t_step
-        row["peak_mem_mb"] = distributed.max_over_ranks(peak_memory_mb(device))  # largest rank's
+        row["peak_mem_mb"] = peak_memory_mb(device)  # torchrun: the largest rank's
         if live_params is None:
             live_params = live_parameter_count()
         watch.check(row)  # before the row and the checkpoint are written
@@ -409,7 +409,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     if live_params is None:
         live_params = live_parameter_count()
     # torchrun: every rank takes part; rank 0 gets a plain copy of the policy, the others None
-    plain = distributed.plain_copy(policy)
+    plain = workers.plain_policy()
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params, "world_size": rank.world,
