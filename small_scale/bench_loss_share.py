@@ -194,6 +194,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="(b): timed micro-batches")
     ap.add_argument("--skip-0.6b", dest="skip", action="store_true", help="leave (b) out")
     args = ap.parse_args()
+    needed = {name for name, _, _ in GPU_CASES} | (set() if args.skip else {"qwen3-0.6b"})
+    missing = sorted(str(p) for p in (model_config(n, Path()) for n in needed) if not p.is_file())
+    if missing:  # before any work: (b) and (c) read the shared models' configs
+        print(f"bench_loss_share.py: model configs not found: {', '.join(missing)}; set "
+              f"RPG_DATA_DIR to the shared data folder (../shared/data beside a clone)",
+              file=sys.stderr)
+        sys.exit(2)
     print(f"{device_name('cpu')}, torch {torch.__version__}")
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
