@@ -86,7 +86,9 @@ def mde(sd: float, n: int, alpha: float, power: float = POWER) -> float:
         return math.nan
     df = n - 1
     tc = stats.t.ppf(1 - alpha / 2, df)
-    pw = lambda nc: stats.nct.sf(tc, df, nc) + stats.nct.cdf(-tc, df, nc) - power
+    # P(T < -tc) as P(-T > tc) with -T ~ nct(df, -nc): scipy's nct.cdf far in the lower tail
+    # returns NaN (e.g. df 17, nc 13), its sf does not
+    pw = lambda nc: stats.nct.sf(tc, df, nc) + stats.nct.sf(tc, df, -nc) - power
     hi = tc + 3.0
     while pw(hi) < 0:   # power rises with nc: widen the bracket until it holds the root
         hi *= 2

@@ -63,6 +63,23 @@ def test_mde_normal_limit_and_monte_carlo_power():
     assert math.isnan(A.mde(0.0, 20, 0.05)) and math.isnan(A.mde(0.1, 1, 0.05))
 
 
+
+def test_mde_at_holm_levels_where_the_lower_tail_is_far():
+    """The MDE at Holm-adjusted levels for 2-40 paired seeds: the power equation's lower tail
+    P(T < -t_crit) lies far out for these noncentralities (scipy's nct.cdf gives NaN there, e.g.
+    17 seeds at 0.05/4); every MDE is finite, and at each the paired t test's power is 0.8 by
+    the noncentral t distribution (upper tail only: the lower one is below 1e-6 here)."""
+    from scipy import stats
+    for alpha in (0.05, 0.025, 0.05 / 3, 0.0125, 0.01):
+        prev = math.inf
+        for n in range(2, 41):
+            m = A.mde(1.0, n, alpha)
+            assert math.isfinite(m) and m < prev, (n, alpha, m)
+            prev = m
+            tc = stats.t.ppf(1 - alpha / 2, n - 1)
+            upper = stats.nct.sf(tc, n - 1, m * math.sqrt(n))
+            assert abs(upper - 0.8) < 1e-6, (n, alpha, upper)
+
 def test_verdict_wording():
     v = A.verdict
     assert v(0.1, 0.05, 0.15, 0.01, 0.05, "greater") == A.SUPPORTED
