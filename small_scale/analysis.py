@@ -265,7 +265,8 @@ def analyse(spec: dict, rows: list[dict]) -> dict:
         v = np.asarray([x for x in v if x is not None], float)
         out["cells"][cell] = {
             "label": spec["cells"][cell].get("label", cell), "n": len(mine),
-            "planned": spec["cells"][cell]["seeds"], "mean": float(v.mean()) if len(v) else None,
+            "planned": sum(s not in dropped for s in range(spec["cells"][cell]["seeds"])),
+            "mean": float(v.mean()) if len(v) else None,
             "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
             "cpu_s": float(np.mean([r["cpu_s"] for r in mine])) if mine else None}
     for fam in ("primary", "secondary"):
@@ -334,12 +335,12 @@ def select(spec: dict, rows: list[dict]) -> dict:
     "share" (beta): share = value * mean over seeds of (kl * length / reward) at the end of
       training, the regularizer's part of the objective; the choice is the candidate whose share
       is nearest ``target`` within ``range`` (the same fallback).
-    Complete: every cell of the study has all its planned seeds; the seeds of the study's
-    ``exclude`` rule do not count in any score."""
+    Complete: every cell of the study has all its planned seeds but those of the study's
+    ``exclude`` rule, which do not count in any score (study.py does not run them)."""
     done = {(r["cell"], r["seed"]) for r in rows}
-    complete = all((c, s) in done for c, cell in spec["cells"].items()
-                   for s in range(cell["seeds"]))
     dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
+    complete = all((c, s) in done for c, cell in spec["cells"].items()
+                   for s in range(cell["seeds"]) if s not in dropped)
     rows = [r for r in rows if r["seed"] not in dropped]
     out = {}
     for name, rule in spec["analysis"]["select"].items():
@@ -422,7 +423,7 @@ def report(a: dict) -> str:
           if a["excluded"] else "")
     L = [f"Study `{a['study']}`: {a['n_rows']} runs; alpha = {a['alpha']}; primary outcome "
          f"`{a['outcome']}`{ex}.", "",
-         "| cell | runs / planned | mean outcome | sd over seeds | CPU s per run |",
+         "| cell | runs / planned (excluded seeds out) | mean outcome | sd over seeds | CPU s per run |",
          "|---|---|---|---|---|"]
     for c in a["cells"].values():
         L.append(f"| {c['label']} | {c['n']} / {c['planned']} | {_f(c['mean'], '{:.3f}')} | "

@@ -17,6 +17,8 @@ Pairing: seed index s of every cell runs with every flag of ``seed_flags`` set t
 studies: --seed s --init-seed s, so the same warm start and the same RL seed), so cells are
 compared seed by seed. Jobs run seed-major across the reference and primary cells first (a
 partial study is balanced), then seed-major across the secondary cells.
+A seed the study's pre-registered ``exclude`` rule has dropped (its reference-cell run is
+done) is not run in the other cells: its results would enter no test.
 
 Each run is the command a user types: ``python -m rpg_ref.cli FLAGS --seed s ... --out
 RUNS/<study>/<cell>/s<seed> --cache-dir RUNS/cache --threads 1 --no-progress`` (the runner's
@@ -236,6 +238,19 @@ def results_path(study: str, results=RESULTS) -> Path:
 
 def done_keys(rows: list[dict]) -> set:
     return {(r["cell"], r["seed"]) for r in rows}
+
+
+def skipped_keys(spec: dict, jobs: list[Job], rows: list[dict]) -> set:
+    """(cell, seed) of the jobs not worth running: seeds the pre-registered ``exclude`` rule has
+    already dropped (their reference run is in ``rows``), in every cell but the reference one.
+    Their results would enter no table or test; the rule itself is analysis.excluded_seeds."""
+    rule = spec.get("analysis", {}).get("exclude")
+    if not rule:
+        return set()
+    from analysis import excluded_seeds  # small_scale/analysis.py (scipy)
+    dropped = set(excluded_seeds(rows, rule))
+    return {(j.cell, j.seed) for j in jobs
+            if j.seed in dropped and j.cell != rule["reference_cell"]}
 
 
 def append_row(path: Path, row: dict) -> None:
@@ -486,8 +501,10 @@ def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
                     return
                 job = queue.pop(0)
             with claimed(job) as fd:
-                if fd is None or (job.cell, job.seed) in done_keys(read_rows(results)):
-                    continue     # another runner holds it or has finished it since we looked
+                rows = read_rows(results)
+                if fd is None or (job.cell, job.seed) in done_keys(rows) | skipped_keys(
+                        spec, [job], rows):
+                    continue     # held or finished by another runner, or excluded since we looked
                 with lock:
                     state["ran"] += 1
                     n = state["ran"]
@@ -554,6 +571,8 @@ def main(argv: list | None = None) -> int:
                                  f"{list(spec['cells'])}")
             jobs = [Job(c, s, [], run_folder(a.runs, a.study, c, s)) for c in cells
                     for s in range(spec["cells"][c]["seeds"])]
+            skip = skipped_keys(spec, jobs, rows)
+            jobs = [j for j in jobs if (j.cell, j.seed) not in skip]
             print("\n".join(status_lines(spec, jobs, rows)))
             return 0
         calibrated = None
@@ -565,6 +584,11 @@ def main(argv: list | None = None) -> int:
     except StudyError as e:
         print(f"study.py: {e}", file=sys.stderr)
         return 2
+    skip = skipped_keys(spec, jobs, rows)
+    if skip:
+        print(f"not run: {len(skip)} jobs of the seeds the warm-start rule excludes "
+              f"{sorted({s for _, s in skip})}")
+    jobs = [j for j in jobs if (j.cell, j.seed) not in skip]
     done = done_keys(rows)
     pending = [j for j in jobs if (j.cell, j.seed) not in done]
     if calibrated:
