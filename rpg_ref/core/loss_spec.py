@@ -38,6 +38,11 @@ class LossSpec:
             raise ValueError(f"loss {self.name}: family must be one of {FAMILIES} and kl one of "
                              f"{tuple(DIVERGENCES)}, got {self.family!r}, {self.kl!r}")
 
+    def default_beta(self, kl_default: float) -> float:
+        """The KL coefficient when none is given: ``kl_default`` (a trainer's own default) for a
+        loss with a KL term, 0 for one without (dapo), which refuses any other value."""
+        return kl_default if self.has_kl else 0.0
+
     @property
     def always_clips(self) -> bool:
         return self.default_clip is not None

@@ -118,7 +118,7 @@ class RPGConfig(GRPOConfig):
             raise ValueError(f"rpg_loss {self.rpg_loss!r} cannot run in TRL{why}; choose one of "
                              f"{', '.join(SUPPORTED)}")
         if self.rpg_beta is None:
-            self.rpg_beta = PAPER_HPARAMS["beta"] if SPECS[self.rpg_loss].has_kl else 0.0
+            self.rpg_beta = SPECS[self.rpg_loss].default_beta(PAPER_HPARAMS["beta"])
         # a PPO-type loss's own; else the paper's RPG clip
         own = SPECS[self.rpg_loss].default_clip
         if self.rpg_dual_clip_c is None:

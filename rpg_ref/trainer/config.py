@@ -126,7 +126,7 @@ class Config:
 
     def _check_algorithm(self):
         if self.beta is None and self.algo in L.SPECS:
-            self.beta = DEFAULT_BETA if L.SPECS[self.algo].has_kl else 0.0
+            self.beta = L.SPECS[self.algo].default_beta(DEFAULT_BETA)
         try:  # the loss's own rules: name, beta, clip, level, agg
             loss_options(self)
         except ValueError as e:  # named: --algo and the flags the message speaks of
