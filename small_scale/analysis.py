@@ -423,7 +423,8 @@ def report(a: dict) -> str:
           if a["excluded"] else "")
     L = [f"Study `{a['study']}`: {a['n_rows']} runs; alpha = {a['alpha']}; primary outcome "
          f"`{a['outcome']}`{ex}.", "",
-         "| cell | runs / planned (excluded seeds out) | mean outcome | sd over seeds | CPU s per run |",
+         "| cell | runs / planned (excluded seeds out) | mean outcome | sd over seeds "
+         "| CPU s per run |",
          "|---|---|---|---|---|"]
     for c in a["cells"].values():
         L.append(f"| {c['label']} | {c['n']} / {c['planned']} | {_f(c['mean'], '{:.3f}')} | "
@@ -512,15 +513,16 @@ def plot_levels(spec: dict, a: dict, out: Path) -> list[Path]:
         paths += save(fig, out, f"{spec['name']}_optima")
     if a.get("collapse", {}).get("rates"):
         rates = a["collapse"]["rates"]
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rates)), 3.4))
+        # horizontal bars: the cells' labels are long and read left to right
+        fig, ax = plt.subplots(figsize=(9.0, 1.2 + 0.28 * len(rates)))
         for i, (_cell, r) in enumerate(rates.items()):
             p = r["k"] / r["n"]
-            ax.bar(i, p, color="tab:red", alpha=0.6)
-            ax.errorbar(i, p, yerr=[[p - r["ci"][0]], [r["ci"][1] - p]], color="k", capsize=3)
-        ax.set_xticks(range(len(rates)), [a["cells"][c]["label"] for c in rates], rotation=40,
-                      ha="right", fontsize=7)
-        ax.set_ylabel("collapse rate")
-        ax.set_ylim(0, 1)
+            ax.barh(i, p, color="tab:red", alpha=0.6)
+            ax.errorbar(p, i, xerr=[[p - r["ci"][0]], [r["ci"][1] - p]], color="k", capsize=3)
+        ax.set_yticks(range(len(rates)), [a["cells"][c]["label"] for c in rates], fontsize=7)
+        ax.invert_yaxis()   # the study file's order, top to bottom
+        ax.set_xlabel("collapse rate")
+        ax.set_xlim(0, 1)
         ax.set_title(f"{spec['name']}: collapse rates (Clopper-Pearson 95 % CI)", fontsize=9)
         fig.tight_layout()
         paths += save(fig, out, f"{spec['name']}_collapse")
