@@ -399,7 +399,10 @@ def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
                               daemon=True)
     reader.start()
     while not (out / "metrics.jsonl").exists():
-        assert p.poll() is None, "the run ended before its first step"
+        if p.poll() is not None:
+            reader.join(timeout=10)
+            raise AssertionError(f"the run ended ({p.returncode}) before its first step:\n"
+                                 + "".join(ln for _, ln in lines)[-5000:])
         time.sleep(0.1)
     os.kill(pid, signal.SIGSTOP)
     t_stop = time.time()
@@ -415,6 +418,21 @@ def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
     # the stopped rank is named: its heartbeat went quiet (torchrun's report names rank 0)
     assert f"rank 1 (PID {pid} on " in line and "gave no sign of life for" in line, line
     assert p.wait(timeout=120) != 0
+
+
+def test_a_rank_late_to_set_up_is_not_a_hang(tmp_path):
+    """Set-up waits longer than --dist-timeout: rank 1 stopped (SIGSTOP) for 15 s as it starts,
+    with --dist-timeout 5, joins late and the run finishes (exit 0, every step logged); with the
+    group's timeout at --dist-timeout from the start, rank 0 would time out waiting for it."""
+    out = tmp_path / "run"
+    p = torchrun(["-m", "rpg_ref.cli", *BANDIT, "--steps", "20", "--dist-timeout", "5",
+                  "--out", str(out)])
+    pid = _rank_pid(p.pid, 1)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(15)
+    os.kill(pid, signal.SIGCONT)
+    finish(p, timeout=300)
+    assert [r["step"] for r in rows(out)] == list(range(1, 21))
 
 
 def test_math_task_on_2_ranks_trains_and_exports(tmp_path):

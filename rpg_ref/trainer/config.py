@@ -94,7 +94,7 @@ class Config:
                       AT_LEAST_0)
     dist_timeout: float = _f(1800.0, "under torchrun: seconds a rank waits in a collective "
                              "before the run stops with an error (a hung rank; a dead one stops "
-                             "it at once)", POSITIVE)
+                             "it at once); while the ranks set up, at least 600", POSITIVE)
     cache_dir: str = _f(
         "runs/cache", "cache for task artifacts (e.g. the seq task's warm-started weights)")
 

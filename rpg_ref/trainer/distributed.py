@@ -32,7 +32,10 @@ ranks decide together (so they never disagree):
   summary (``Workers.plain_policy``); peak memory is the largest rank's (``max_over_ranks``, in
   rpg_ref.trainer.metrics.peak_memory_mb).
 - A rank that dies: torchrun's agent stops the others at once and the survivors' gloo/NCCL
-  connections fail; a rank that hangs: every collective times out after --dist-timeout seconds.
+  connections fail; a rank that hangs: every collective after set-up times out after
+  --dist-timeout seconds. Joining the group and the set-up (``init`` to the end of ``shard``) wait
+  up to STARTUP_TIMEOUT_S at least: ranks start apart (imports, data, a warm start) by more than a
+  short --dist-timeout on a loaded machine, and that is no hang.
 
 With one process (no torchrun, or WORLD_SIZE=1) every call here is the plain single-process call
 (``Workers.generate`` is ``engine.generate``, ``map_rows(fn, b, m)`` is ``fn(b)``, ...), and a run
@@ -60,6 +63,12 @@ from torch import Tensor, nn
 from rpg_ref.interfaces import Batch, Generation
 from rpg_ref.models import logprobs as model_logprobs
 from rpg_ref.trainer.sampler_lag import evaluate, resync
+
+STARTUP_TIMEOUT_S = 600.0  # the least a rank waits for the others while they set up
+# torch's way to shorten a group's timeout once set up (torchtitan does the same); without it the
+# group keeps --dist-timeout from the start
+_set_pg_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+_COLLECTIVE_TIMEOUT_S: list = []   # --dist-timeout, set by init, applied by shard
 
 
 def world() -> int:
@@ -159,8 +168,10 @@ def init(cfg, device: torch.device) -> Rank:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():  # on CUDA the small CPU tensors of our reductions go through gloo
+        wait = max(cfg.dist_timeout, STARTUP_TIMEOUT_S) if _set_pg_timeout else cfg.dist_timeout
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=cfg.dist_timeout))
+                                timeout=timedelta(seconds=wait))
+        _COLLECTIVE_TIMEOUT_S[:] = [cfg.dist_timeout]
         start_heartbeat()
     return Rank(device, rank(), world())
 
@@ -178,6 +189,8 @@ def shard(policy: nn.Module, ref: nn.Module | None = None) -> tuple[nn.Module, n
         return policy, ref
     policy, ref = _shard(policy), None if ref is None else _shard(ref)
     dist.barrier()
+    if _set_pg_timeout and _COLLECTIVE_TIMEOUT_S:  # set up: from here a wait is --dist-timeout
+        _set_pg_timeout(timedelta(seconds=_COLLECTIVE_TIMEOUT_S[0]))
     return policy, ref
 
 
