@@ -564,6 +564,7 @@ def main(argv: list | None = None) -> int:
         spec = load_study(a.study, a.studies)
         path = results_path(a.study, a.results)
         rows = read_rows(path)
+        calibrated = None
         if a.status:   # cells and seeds only: no flag is resolved or checked
             cells = a.cells or list(spec["cells"])
             if set(cells) - set(spec["cells"]):
@@ -571,16 +572,12 @@ def main(argv: list | None = None) -> int:
                                  f"{list(spec['cells'])}")
             jobs = [Job(c, s, [], run_folder(a.runs, a.study, c, s)) for c in cells
                     for s in range(spec["cells"][c]["seeds"])]
-            skip = skipped_keys(spec, jobs, rows)
-            jobs = [j for j in jobs if (j.cell, j.seed) not in skip]
-            print("\n".join(status_lines(spec, jobs, rows)))
-            return 0
-        calibrated = None
-        if needs_calibration(spec):
-            from analysis import calibrated_values  # small_scale/analysis.py (scipy)
-            calibrated = calibrated_values(a.results, a.studies)
-        jobs = jobs_of(spec, a.runs, calibrated, a.cells)
-        validate(jobs, Path(a.runs))
+        else:
+            if needs_calibration(spec):
+                from analysis import calibrated_values  # small_scale/analysis.py (scipy)
+                calibrated = calibrated_values(a.results, a.studies)
+            jobs = jobs_of(spec, a.runs, calibrated, a.cells)
+            validate(jobs, Path(a.runs))
     except StudyError as e:
         print(f"study.py: {e}", file=sys.stderr)
         return 2
@@ -589,6 +586,9 @@ def main(argv: list | None = None) -> int:
         print(f"not run: {len(skip)} jobs of the seeds the warm-start rule excludes "
               f"{sorted({s for _, s in skip})}")
     jobs = [j for j in jobs if (j.cell, j.seed) not in skip]
+    if a.status:
+        print("\n".join(status_lines(spec, jobs, rows)))
+        return 0
     done = done_keys(rows)
     pending = [j for j in jobs if (j.cell, j.seed) not in done]
     if calibrated:

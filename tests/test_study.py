@@ -89,6 +89,7 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
     assert pending == ["a s1", "b s1", "a s2", "b s2"] and "4 of 5 runs" in dry.stdout
     st = run(tmp_path, "--status")
     assert "toy: 1/5 runs done" in st.stdout, st.stdout
+    assert "not run: 3 jobs of the seeds the warm-start rule excludes [0]" in st.stdout
 
 
 @pytest.mark.parametrize("over, message", [

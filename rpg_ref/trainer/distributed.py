@@ -68,7 +68,7 @@ STARTUP_TIMEOUT_S = 600.0  # the least a rank waits for the others while they se
 # torch's way to shorten a group's timeout once set up (torchtitan does the same); without it the
 # group keeps --dist-timeout from the start
 _set_pg_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-_COLLECTIVE_TIMEOUT_S: list = []   # --dist-timeout, set by init, applied by shard
+_collective_timeout_s: float | None = None   # --dist-timeout: set by init, applied by shard
 
 
 def world() -> int:
@@ -161,6 +161,7 @@ def checkpoint_world_size(out: Path) -> int | None:
 def init(cfg, device: torch.device) -> Rank:
     """Join torchrun's process group (gloo on CPU, NCCL on CUDA); returns this process's Rank.
     One process: nothing happens, and the Rank is (device, 0, 1)."""
+    global _collective_timeout_s
     check_config(cfg)
     if world() == 1:
         return Rank(device, 0, 1)
@@ -171,7 +172,7 @@ def init(cfg, device: torch.device) -> Rank:
         wait = max(cfg.dist_timeout, STARTUP_TIMEOUT_S) if _set_pg_timeout else cfg.dist_timeout
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(seconds=wait))
-        _COLLECTIVE_TIMEOUT_S[:] = [cfg.dist_timeout]
+        _collective_timeout_s = cfg.dist_timeout
         start_heartbeat()
     return Rank(device, rank(), world())
 
@@ -189,8 +190,8 @@ def shard(policy: nn.Module, ref: nn.Module | None = None) -> tuple[nn.Module, n
         return policy, ref
     policy, ref = _shard(policy), None if ref is None else _shard(ref)
     dist.barrier()
-    if _set_pg_timeout and _COLLECTIVE_TIMEOUT_S:  # set up: from here a wait is --dist-timeout
-        _set_pg_timeout(timedelta(seconds=_COLLECTIVE_TIMEOUT_S[0]))
+    if _set_pg_timeout and _collective_timeout_s is not None:  # set up: a wait is --dist-timeout
+        _set_pg_timeout(timedelta(seconds=_collective_timeout_s))
     return policy, ref
 
 
