@@ -2,7 +2,6 @@
 small_scale/ on the import path (the tests import the benchmarks' shared module, bench_common, and
 the experiment runner)."""
 
-import os
 import signal
 import sys
 from collections import Counter
@@ -39,7 +38,7 @@ def pytest_sessionfinish(session):
     WorkerGateway._terminate_execution). The KeyboardInterrupt lands in whatever runs then, such
     as hypothesis's gc callback, and prints a traceback under the results. The results are in by
     now: a worker ignores SIGINT from here on (tests/test_conftest.py checks it)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(session.config, "workerinput"):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -85,7 +84,10 @@ def pytest_collection_modifyitems(session, config, items):
     terminal's): the tests/needs.py markers and any other skip marker, by reason, and the test
     files skipped whole (an optional package that is absent). The counts are pytest's own: a file
     skipped whole is one skipped test in its summary (tests/test_conftest.py compares)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") not in (None, "gw0") or config.option.collectonly:
+    # xdist's own record of the worker, not PYTEST_XDIST_WORKER: that variable is inherited by a
+    # pytest started inside a test that runs under -n, which is then a process of its own
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker not in (None, "gw0") or config.option.collectonly:
         return
     reasons = Counter()
     for item in items:

@@ -40,10 +40,14 @@ def test_runs(i):
 
 
 def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """pytest on `folder`, started as from an xdist worker other than the first (as the README's
+    `-n auto` does for most tests): the worker's PYTEST_XDIST_* variables are inherited, and the
+    run must still behave as the process of its own that it is."""
+    env = dict(os.environ, PYTEST_XDIST_WORKER="gw1", PYTEST_XDIST_WORKER_COUNT="2",
+               PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
                            str(folder)], cwd=folder, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              [str(folder), os.environ.get("PYTHONPATH", "")])))
+                          env=env)
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
@@ -72,10 +76,10 @@ def test_any_integer(x):
 # an end of session that outlasts execnet's 5 s (pytest's last garbage collections, on a loaded
 # machine, over torch's heap): collections for 8 s, while hypothesis's gc callback is installed
 SLOW_END = """
-import gc, os, time
+import gc, time
 
 def pytest_unconfigure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):
         end = time.time() + 8
         while time.time() < end:
             gc.collect()
