@@ -207,11 +207,12 @@ def test_a_config_json_without_the_newer_fields_resumes(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------
 
 
-def _start(argv: list, cwd: Path) -> subprocess.Popen:
+def _start(argv: list, cwd: Path, script: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    entry = [str(script)] if script else ["-m", "rpg_ref.cli"]
     # SIGINT as a terminal's process has it: a suite started in the background (`pytest &`) runs
     # with SIGINT ignored, which its children would inherit (and Python then keeps ignoring it)
-    return subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, *entry, *argv], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -299,15 +300,30 @@ def test_signal_during_a_checkpoint_write_waits_for_the_checkpoint(sig, tmp_path
     assert all(torch.equal(oa[i][k], ob[i][k]) for i in ob for k in ob[i])
 
 
+# the run sends itself SIGTERM once step 2's row is written: the signal lands before the first
+# checkpoint whatever the machine's load (a signal sent from outside could come after the end)
+SIGTERM_AFTER_STEP_2 = r"""
+import os, signal, sys
+from rpg_ref.trainer.metrics import MetricsLog
+write = MetricsLog.write
+def write_then_stop(self, row):
+    write(self, row)
+    if row["step"] == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+MetricsLog.write = write_then_stop
+from rpg_ref.cli import main
+from rpg_ref.trainer.distributed import exit_process
+exit_process(main(sys.argv[1:]))
+"""
+
+
 def test_run_interrupted_before_its_first_checkpoint_restarts_with_the_same_command(tmp_path):
     """A run stopped (SIGTERM) before its first checkpoint says that nothing is saved yet; the same
     command then starts it again from step 1 (its config.json does not block it) and finishes."""
-    out = tmp_path / "run"
-    # 400 cheap steps: enough that the run cannot finish between step 2 and the signal
+    out, script = tmp_path / "run", tmp_path / "stopped_after_step_2.py"
+    script.write_text(SIGTERM_AFTER_STEP_2)
     argv = [*BANDIT, "--steps", "400", "--save-every", "1000", "--out", str(out)]
-    p = _start(argv, tmp_path)
-    _wait_for_rows(p, out / "metrics.jsonl", 2)
-    p.send_signal(signal.SIGTERM)
+    p = _start(argv, tmp_path, script)
     _, err = p.communicate(timeout=600)
     assert p.returncode == 143 and "Traceback" not in err, err
     assert "no checkpoint yet" in err and f"rpg-train --resume {out}" in err
