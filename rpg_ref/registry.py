@@ -10,6 +10,7 @@ from typing import Any
 TASKS: dict[str, Any] = {
     "bandit": "rpg_ref.tasks.bandit:BanditTask",
     "seq": "rpg_ref.tasks.seq:SeqTask",
+    "carry": "rpg_ref.tasks.carry:CarryTask",
     "math": "rpg_ref.tasks.math:MathTask",
 }
 ENGINES: dict[str, Any] = {

@@ -117,6 +117,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "save_every": 20,
         "threads": 1,
     },
+    # addition with a written scratchpad (rpg_ref/tasks/carry.py, docs/carry_task.md)
+    "carry": {
+        "task": "carry",
+        "steps": 40,
+        "max_new_tokens": 40,
+        "lr": 3e-4,
+        "clip": [0.2, 0.28, 3.0],
+        "eval_every": 10,
+        "save_every": 20,
+        "threads": 1,
+    },
     # the paper's run: Qwen3-4B at 2K / 4K / 8K responses with a colocated vLLM
     "qwen3-4b-h100": dict(PAPER_RECIPE, max_new_tokens=2048),
     "qwen3-4b-h100-4k": dict(PAPER_RECIPE, max_new_tokens=4096),
