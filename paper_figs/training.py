@@ -31,6 +31,7 @@ import numpy as np
 from rpg_ref import strict_json
 
 from ._common import REPO_ROOT, plt, save
+from .study_rows import read_study_rows
 
 DEFAULT_LOGS = REPO_ROOT / "small_scale" / "logs"
 
@@ -71,28 +72,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def read_study_rows(path: Path) -> list[dict]:
-    """The rows of a study's results file, small_scale/results/<study>.jsonl (one finished run a
-    line, written by small_scale/study.py); [] when there is none. A last line without its
-    newline is a write cut short by a kill: dropped (the runner cuts it off before its next
-    write). Any other line that is not a JSON object is an error naming it."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    text = path.read_text()
-    rows = []
-    for i, line in enumerate(text[: text.rfind("\n") + 1].splitlines()):
-        try:
-            row = strict_json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i + 1}: not a JSON object ({e}); the file is corrupt: "
-                             f"restore it from git") from e
-        if not isinstance(row, dict) or not {"cell", "seed"} <= set(row):
-            raise ValueError(f"{path}:{i + 1}: a row without cell and seed")
-        rows.append(row)
-    return rows
-
-
 def read_experiment_log(path: Path) -> dict:
     """{"experiment", "invocation", "runs": {run: {seed: {"config", "summary", "metrics"}}}} of one
     experiment's log file (layout in the module docstring); seeds in increasing order."""
@@ -122,11 +101,13 @@ def load_study(exp: str, root: Path) -> dict | None:
     """A study's results in the shape of an experiment log (None when there are none): the study
     file root/studies/<exp>.json gives the runs (its cells, labels and groups), the rows of
     root/results/<exp>.jsonl their seeds (series as metrics, summary)."""
-    spec_path, rows = root / "studies" / f"{exp}.json", read_study_rows(
-        root / "results" / f"{exp}.jsonl")
-    if not spec_path.is_file() or not rows:
+    spec_path = root / "studies" / f"{exp}.json"
+    if not spec_path.is_file():
         return None
-    spec = json.loads(spec_path.read_text())
+    spec = {**json.loads(spec_path.read_text()), "name": exp}
+    rows = read_study_rows(root / "results" / f"{exp}.jsonl", spec)
+    if not rows:
+        return None
     runs = {}
     for r in sorted(rows, key=lambda r: r["seed"]):
         runs.setdefault(r["cell"], {})[r["seed"]] = {

@@ -72,12 +72,16 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
     """Once the reference cell's run of a seed is below the pre-registered ``exclude`` bar, that
     seed's jobs in every other cell are left out of --dry-run, --status and the run; a seed at or
     above the bar, or without its reference run yet, still runs."""
-    write_study(tmp_path, seeds=3, analysis={
+    cells = {"a": {"args": {"algo": "rpg-urkl"}}, "b": {"args": {"algo": "rpg-ufkl"}},
+             "c": {"role": "secondary", "seeds": 1, "args": {"algo": "grpo"}},
+             "r": {"role": "reference", "args": {"algo": "grpo", "steps": 1}}}
+    write_study(tmp_path, seeds=3, cells=cells, analysis={
         "outcome": "p_best", "exclude": {"outcome": "p_best", "below": 0.5, "reference_cell": "r"}})
     spec = S.load_study("toy", tmp_path / "studies")
     jobs = S.jobs_of(spec, tmp_path / "runs")
-    rows = [{"cell": "r", "seed": s, "outcomes": {"p_best": v}, "resumed_from_step": 0,
-             "cpu_s": 1.0} for s, v in [(0, 0.1), (1, 0.5)]]   # seed 2: not measured yet
+    rows = [{"cell": "r", "seed": s, "outcomes": {"p_best": v, "reward": 0.5},
+             "resumed_from_step": 0, "cpu_s": 1.0, "wall_s": 1.0}
+            for s, v in [(0, 0.1), (1, 0.5)]]   # seed 2: not measured yet
     assert S.skipped_keys(spec, jobs, rows) == {("a", 0), ("b", 0), ("c", 0)}
     results = tmp_path / "results" / "toy.jsonl"
     results.parent.mkdir(parents=True)
@@ -86,9 +90,9 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "not run: 3 jobs of the seeds the warm-start rule excludes [0]" in dry.stdout
     pending = [ln.split(":")[0] for ln in dry.stdout.splitlines() if ": python -m" in ln]
-    assert pending == ["a s1", "b s1", "a s2", "b s2"] and "4 of 5 runs" in dry.stdout
+    assert pending == ["a s1", "b s1", "a s2", "b s2", "r s2"] and "5 of 7 runs" in dry.stdout
     st = run(tmp_path, "--status")
-    assert "toy: 1/5 runs done" in st.stdout, st.stdout
+    assert "toy: 2/7 runs done" in st.stdout, st.stdout
     assert "not run: 3 jobs of the seeds the warm-start rule excludes [0]" in st.stdout
 
 
