@@ -52,8 +52,9 @@ try:  # the study extra: one line naming it, not a traceback
     import matplotlib  # noqa: F401  (the figures of --all: paper_figs._common)
     from scipy import optimize, stats
 except ModuleNotFoundError as e:
-    raise SystemExit(f"analysis.py: {e.name} is not installed: pip install -e '.[study]' (the "
-                     f"study extra: scipy, matplotlib)") from None
+    print(f"analysis.py: {e.name} is not installed: pip install -e '.[study]' (the study extra: "
+          f"scipy, matplotlib)", file=sys.stderr)
+    raise SystemExit(2) from None
 
 OUT = S.ROOT / "paper_figs" / "out" / "study"
 RESULTS_MD = S.HERE / "RESULTS.md"

@@ -5,6 +5,7 @@ resumes where it was, and two runners never run one (cell, seed) twice."""
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -329,3 +330,30 @@ def test_committed_study_files_are_consistent(tmp_path):
             members = c if isinstance(c, str) else c["on"] + c["off"]
             assert set([members] if isinstance(members, str) else members) <= set(cal["cells"])
     S.validate(S.jobs_of(S.load_study("bandit"), tmp_path), tmp_path)
+
+
+BLOCK = '''import sys
+class Absent:  # the quick start's install: no study extra
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in ("scipy", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {top!r}", name=top)
+sys.meta_path.insert(0, Absent())
+'''
+
+
+def test_without_the_study_extra_the_runner_works_and_the_analysis_says_what_to_install(tmp_path):
+    """scipy and matplotlib hidden (a sitecustomize): study.py --status and --dry-run of the
+    committed study A work; analysis.py ends in one line naming the extra to install, exit 2."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    for flag in ("--status", "--dry-run"):
+        r = subprocess.run([sys.executable, str(SMALL_SCALE / "study.py"), "A", flag], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert re.search(r"^A: \d+/\d+ runs done|^\d+ of \d+ runs pending$", r.stdout, re.M), r.stdout
+    r = subprocess.run([sys.executable, str(SMALL_SCALE / "analysis.py"), "--all", "--check"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr == ("analysis.py: matplotlib is not installed: pip install -e '.[study]' (the "
+                        "study extra: scipy, matplotlib)\n"), r.stderr
