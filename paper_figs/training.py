@@ -16,8 +16,9 @@ else from its study (``load_experiment``). One JSON object a line:
                                                  experiment lists), in step order
 
 The trainer's metric names are mapped to panels by ``PANELS`` (the one adapter between the
-trainer and the figures). Spread over seeds: the shaded band is min..max over seeds, the line
-the mean; tables give mean +- sample std over seeds.
+trainer and the figures). Spread over seeds: a thin line per seed under the thick line of their
+mean (seeds share their warm start across runs, so a min..max band would hide one run's seeds
+under the others'); tables give mean +- sample std over seeds.
 """
 
 from __future__ import annotations
@@ -431,10 +432,12 @@ def plot_dynamics(data: dict, out_dir=None, name: str = "dynamics", title: str =
             s = data["panels"][panel].get(run)
             if s is None:
                 continue
-            ax.plot(s["step"], s["mean"], color=c, lw=1.4, ls=_linestyle(run),
+            # each seed thin: seeds share their warm start across runs, so they form one bundle
+            # per seed, and a band from the lowest to the highest seed would cover the others
+            ax.plot(s["step"], s["values"].T, color=c, lw=0.5, alpha=0.35)
+            ax.plot(s["step"], s["mean"], color=c, lw=1.6, ls=_linestyle(run),
                     marker="o" if len(s["step"]) < 12 else None,
                     ms=3, label=f"{data['labels'][run]} (n={data['n_seeds'][run]})")
-            ax.fill_between(s["step"], s["lo"], s["hi"], color=c, alpha=0.12, lw=0)
         if panel in LOG_PANELS:
             ax.set_yscale("log")
         ax.set_title(PANELS[panel][1], fontsize=9)
@@ -446,7 +449,7 @@ def plot_dynamics(data: dict, out_dir=None, name: str = "dynamics", title: str =
     fig.legend(
         h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, bbox_to_anchor=(0.5, -0.02)
     )
-    fig.suptitle(title + "  (line: mean over seeds; band: min-max over seeds)", fontsize=10)
+    fig.suptitle(title + "  (thick line: mean over seeds; thin lines: each seed)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(lab) / 4), 1, 1))
     return save(fig, out_dir, name)
 
