@@ -351,9 +351,50 @@ def test_without_the_study_extra_the_runner_works_and_the_analysis_says_what_to_
         r = subprocess.run([sys.executable, str(SMALL_SCALE / "study.py"), "A", flag], env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and r.stderr == "", r.stderr
-        assert re.search(r"^A: \d+/\d+ runs done|^\d+ of \d+ runs pending$", r.stdout, re.M), r.stdout
+        done = r"^A: \d+/\d+ runs done|^\d+ of \d+ runs pending$"
+        assert re.search(done, r.stdout, re.M), r.stdout
     r = subprocess.run([sys.executable, str(SMALL_SCALE / "analysis.py"), "--all", "--check"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == "", r
     assert r.stderr == ("analysis.py: matplotlib is not installed: pip install -e '.[study]' (the "
                         "study extra: scipy, matplotlib)\n"), r.stderr
+
+
+@pytest.mark.slow
+def test_a_run_outliving_a_killed_runner_keeps_its_claim_and_resumes(tmp_path):
+    """SIGKILL to the runner mid-run: its job (a fork of the runner's worker) runs on to its end
+    and holds the job's lock meanwhile (another runner leaves it alone); the next invocation
+    records it (through --resume), with the outcomes of an uninterrupted run."""
+    common = {"preset": "bandit", "ref": "init", "steps": 300, "group_size": 256,
+              "mini_batch_size": 128, "eval_every": 25, "save_every": 5}
+    cells = {"a": {"args": {"algo": "rpg-urkl"}}}
+    for name in ("kill", "plain"):
+        write_study(tmp_path, name, common=common, seeds=1, cells=cells)
+    plain = run(tmp_path, study="plain")
+    assert plain.returncode == 0, plain.stderr
+    p = subprocess.Popen(cli(tmp_path, "kill"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    folder = tmp_path / "runs" / "kill" / "a" / "s0"
+    deadline = time.time() + 240
+    while not (folder / "checkpoints" / "LATEST").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    p.kill()
+    p.communicate(timeout=60)
+    with open(tmp_path / "runs" / "kill" / "a" / "s0.lock", "a") as f:
+        with pytest.raises(BlockingIOError):    # the orphaned run holds the job's claim
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while time.time() < deadline:           # ... until it has ended
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.2)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    assert (folder / "summary.json").exists()
+    assert S.read_rows(tmp_path / "results" / "kill.jsonl") == []
+    r = run(tmp_path, study="kill")
+    assert r.returncode == 0, r.stderr
+    (row,) = S.read_rows(tmp_path / "results" / "kill.jsonl")
+    (ref,) = S.read_rows(tmp_path / "results" / "plain.jsonl")
+    assert row["resumed_from_step"] == 300
+    assert row["outcomes"] == ref["outcomes"]
+    assert row["summary"]["policy"] == ref["summary"]["policy"]
