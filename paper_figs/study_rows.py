@@ -15,7 +15,7 @@ file (``spec``):
 - ``cpu_s`` and ``wall_s`` finite numbers >= 0, ``resumed_from_step`` an integer >= 0.
 Any other line is refused with ``ValueError("file:line: what is wrong")``; a last line without
 its newline is a write cut short by a kill (or one in progress): it is left out and reported to
-``on_torn`` (the runner cuts it off before its next write, and its run counts as not done).
+``on_torn`` (the runner cuts it off before its next write; a run without its row is run again).
 """
 
 from __future__ import annotations
@@ -113,5 +113,5 @@ def read_study_rows(path: Path, spec: dict | None = None, on_torn=_stderr) -> li
     if text[len(complete):].strip() and on_torn is not None:
         on_torn(f"{path}:{complete.count(chr(10)) + 1}: the last line is cut short (a write "
                 f"stopped by a kill, or one in progress): left out; study.py cuts it off before "
-                f"its next row, and that run counts as not done")
+                f"its next row (a run without its row is run again)")
     return rows

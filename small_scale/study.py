@@ -207,8 +207,8 @@ def append_row(path: Path, row: dict) -> None:
                     keep, lines = data.rfind(b"\n") + 1, data.count(b"\n")
                     f.truncate(keep)
                     print(f"study.py: {rel(path)}:{lines + 1}: cut off a torn last "
-                          f"line ({size - keep} bytes, a write stopped by a kill); its run "
-                          f"counts as not done", file=sys.stderr, flush=True)
+                          f"line ({size - keep} bytes, a write stopped by a kill); a run "
+                          f"without its row is run again", file=sys.stderr, flush=True)
             f.write(line)
             f.flush()
             os.fsync(f.fileno())

@@ -129,8 +129,8 @@ def test_a_torn_last_line_is_reported_and_the_runner_says_it_cuts_it_off(tmp_pat
     err = capsys.readouterr().err
     assert err.splitlines() == [f"note: {results}:{len(lines) + 1}: the last line is cut short (a "
                                 "write stopped by a kill, or one in progress): left out; study.py "
-                                "cuts it off before its next row, and that run counts as not "
-                                "done"], err
+                                "cuts it off before its next row (a run without its row is run "
+                                "again)"], err
     study.append_row(results, json.loads(lines[5]) | {"seed": 33, "cell": "urkl-clip-lag8"})
     err = capsys.readouterr().err
     assert err.startswith(f"study.py: {results}:{len(lines) + 1}: cut off a torn last line (40 "
