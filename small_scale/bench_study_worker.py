@@ -1,6 +1,6 @@
-"""Benchmark: one study job in a fresh ``python -m rpg_ref.cli`` process (how study.py ran jobs
-before) against the same job in a fork of a persistent worker (study_worker.py: torch and
-transformers imported once), in one run on this machine.
+"""Benchmark: one study job in a fresh ``python -m rpg_ref.cli`` process (one process per job,
+its imports included) against the same job in a fork of a persistent worker (study_worker.py:
+torch and transformers imported once), in one run on this machine.
 
     python small_scale/bench_study_worker.py                 # study A's urkl-clip-u1, seed 1
     python small_scale/bench_study_worker.py --repeats 5 --cell dapo-u16 --seed 3
