@@ -5,7 +5,8 @@ A fresh ``python -m rpg_ref.cli`` spends seconds importing torch and transformer
 first step; a worker pays that once. Each job still gets a process of its own (a fork of the
 worker, which has imported but never run anything): its own pid, signals, exit code, CPU time and
 open files, exactly as the fresh process it replaces, so a run's outputs are the same bit for bit
-(tests/test_study_worker.py) and SIGINT / SIGTERM, resume and the per-job lock work as before.
+(tests/test_study_worker.py), and SIGINT / SIGTERM, resume and the per-job lock work as they
+do for a process started from scratch.
 
     worker = Worker()                                   # starts and preloads (seconds)
     status, cpu_s = worker.run(argv, log, claim_fd, on_pid)
