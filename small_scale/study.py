@@ -439,6 +439,8 @@ def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
                         return
                     job = queue.pop(0)
                 proc = proc or Worker()   # imports once: seconds, before the first job only
+                if state["stop"]:         # asked to stop while the worker was starting
+                    return
                 with claimed(job) as fd:
                     # another runner may have appended since we looked (a torn line: said once)
                     rows = read_rows(results, spec, report_torn=False)
