@@ -202,11 +202,10 @@ def test_study_runs_every_job_once_and_records_what_ran(tmp_path):
     assert "toy: 6/6 runs done; about 0.00 CPU-h left" in st.stdout
 
 
-@pytest.mark.slow
-def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
-    """SIGTERM to the runner mid-run: the run stops at a step boundary with a checkpoint, the
-    runner exits without a row; the same command resumes it (--resume) and its outcomes equal
-    those of the same job run without interruption."""
+def runner_at_its_first_checkpoint(tmp_path) -> tuple:
+    """Studies "plain" (run to its end here) and "kill" (its runner started, returned once its
+    one run has a checkpoint): a 300-step bandit run each, checkpoints every 5 steps. Returns
+    the runner's process and a deadline 240 s ahead."""
     common = {"preset": "bandit", "ref": "init", "steps": 300, "group_size": 256,
               "mini_batch_size": 128, "eval_every": 25, "save_every": 5}
     cells = {"a": {"args": {"algo": "rpg-urkl"}}}
@@ -220,6 +219,15 @@ def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
     deadline = time.time() + 240
     while not latest.exists() and time.time() < deadline:
         time.sleep(0.2)
+    return p, deadline
+
+
+@pytest.mark.slow
+def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
+    """SIGTERM to the runner mid-run: the run stops at a step boundary with a checkpoint, the
+    runner exits without a row; the same command resumes it (--resume) and its outcomes equal
+    those of the same job run without interruption."""
+    p, _ = runner_at_its_first_checkpoint(tmp_path)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err
@@ -365,18 +373,8 @@ def test_a_run_outliving_a_killed_runner_keeps_its_claim_and_resumes(tmp_path):
     """SIGKILL to the runner mid-run: its job (a fork of the runner's worker) runs on to its end
     and holds the job's lock meanwhile (another runner leaves it alone); the next invocation
     records it (through --resume), with the outcomes of an uninterrupted run."""
-    common = {"preset": "bandit", "ref": "init", "steps": 300, "group_size": 256,
-              "mini_batch_size": 128, "eval_every": 25, "save_every": 5}
-    cells = {"a": {"args": {"algo": "rpg-urkl"}}}
-    for name in ("kill", "plain"):
-        write_study(tmp_path, name, common=common, seeds=1, cells=cells)
-    plain = run(tmp_path, study="plain")
-    assert plain.returncode == 0, plain.stderr
-    p = subprocess.Popen(cli(tmp_path, "kill"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p, deadline = runner_at_its_first_checkpoint(tmp_path)
     folder = tmp_path / "runs" / "kill" / "a" / "s0"
-    deadline = time.time() + 240
-    while not (folder / "checkpoints" / "LATEST").exists() and time.time() < deadline:
-        time.sleep(0.2)
     p.kill()
     p.communicate(timeout=60)
     with open(tmp_path / "runs" / "kill" / "a" / "s0.lock", "a") as f:
