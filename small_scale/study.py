@@ -406,7 +406,8 @@ def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
               max_runs: int | None = None) -> int:
     """Run every pending job with ``workers`` threads, each driving one persistent worker process
     (study_worker.py) that runs its jobs one at a time."""
-    lock, signalled = threading.Lock(), threading.Lock()
+    # signalled: reentrant, since a second signal can run on_signal inside the first one
+    lock, signalled = threading.Lock(), threading.RLock()
     queue, running = list(jobs), set()   # running: the pids of the jobs now running
     state = {"stop": None, "ran": 0, "failed": None}
 
