@@ -54,7 +54,8 @@ def main(argv: list | None = None) -> int:
     if user_runs and not any(logs.glob("*/experiment.json")):
         runs = " ".join(str(r) for r in user_runs[:4]) + (" ..." if len(user_runs) > 4 else "")
         print(f"rpg-figs: {logs} holds rpg-train runs, not small_scale/run_experiments.py logs; "
-              f"draw and compare them with: rpg-plot {runs} --out runs.png", file=sys.stderr)
+              f"draw and compare them with: rpg-plot {runs} --out runs/compare.png",
+              file=sys.stderr)
         return 2
     names = a.only or list(FIGURES)
     bad = [n for n in names if n not in FIGURES]
@@ -79,6 +80,9 @@ def main(argv: list | None = None) -> int:
             skipped.append(n)
             print(f"SKIPPED {n}: {e}")
             continue
+        except ValueError as e:   # a log or results row that is not what it should be
+            print(f"rpg-figs: {n}: {e}", file=sys.stderr)
+            return 2
         print(f"{n}: {', '.join(str(Path(x)) for x in paths)} ({time.perf_counter() - t0:.1f}s)")
     if skipped:
         print(f"skipped (no logs): {', '.join(skipped)}")

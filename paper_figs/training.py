@@ -16,8 +16,9 @@ else from its study (``load_experiment``). One JSON object a line:
                                                  experiment lists), in step order
 
 The trainer's metric names are mapped to panels by ``PANELS`` (the one adapter between the
-trainer and the figures). Spread over seeds: the shaded band is min..max over seeds, the line
-the mean; tables give mean +- sample std over seeds.
+trainer and the figures). Spread over seeds: a thin line per seed under the thick line of their
+mean (seeds share their warm start across runs, so a min..max band would hide one run's seeds
+under the others'); tables give mean +- sample std over seeds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from rpg_ref import strict_json
 
 from ._common import REPO_ROOT, plt, save
+from .study_rows import read_study_rows
 
 DEFAULT_LOGS = REPO_ROOT / "small_scale" / "logs"
 
@@ -71,28 +73,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def read_study_rows(path: Path) -> list[dict]:
-    """The rows of a study's results file, small_scale/results/<study>.jsonl (one finished run a
-    line, written by small_scale/study.py); [] when there is none. A last line without its
-    newline is a write cut short by a kill: dropped (the runner cuts it off before its next
-    write). Any other line that is not a JSON object is an error naming it."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    text = path.read_text()
-    rows = []
-    for i, line in enumerate(text[: text.rfind("\n") + 1].splitlines()):
-        try:
-            row = strict_json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i + 1}: not a JSON object ({e}); the file is corrupt: "
-                             f"restore it from git") from e
-        if not isinstance(row, dict) or not {"cell", "seed"} <= set(row):
-            raise ValueError(f"{path}:{i + 1}: a row without cell and seed")
-        rows.append(row)
-    return rows
-
-
 def read_experiment_log(path: Path) -> dict:
     """{"experiment", "invocation", "runs": {run: {seed: {"config", "summary", "metrics"}}}} of one
     experiment's log file (layout in the module docstring); seeds in increasing order."""
@@ -122,11 +102,13 @@ def load_study(exp: str, root: Path) -> dict | None:
     """A study's results in the shape of an experiment log (None when there are none): the study
     file root/studies/<exp>.json gives the runs (its cells, labels and groups), the rows of
     root/results/<exp>.jsonl their seeds (series as metrics, summary)."""
-    spec_path, rows = root / "studies" / f"{exp}.json", read_study_rows(
-        root / "results" / f"{exp}.jsonl")
-    if not spec_path.is_file() or not rows:
+    spec_path = root / "studies" / f"{exp}.json"
+    if not spec_path.is_file():
         return None
-    spec = json.loads(spec_path.read_text())
+    spec = {**json.loads(spec_path.read_text()), "name": exp}
+    rows = read_study_rows(root / "results" / f"{exp}.jsonl", spec)
+    if not rows:
+        return None
     runs = {}
     for r in sorted(rows, key=lambda r: r["seed"]):
         runs.setdefault(r["cell"], {})[r["seed"]] = {
@@ -450,10 +432,12 @@ def plot_dynamics(data: dict, out_dir=None, name: str = "dynamics", title: str =
             s = data["panels"][panel].get(run)
             if s is None:
                 continue
-            ax.plot(s["step"], s["mean"], color=c, lw=1.4, ls=_linestyle(run),
+            # each seed thin: seeds share their warm start across runs, so they form one bundle
+            # per seed, and a band from the lowest to the highest seed would cover the others
+            ax.plot(s["step"], s["values"].T, color=c, lw=0.5, alpha=0.35)
+            ax.plot(s["step"], s["mean"], color=c, lw=1.6, ls=_linestyle(run),
                     marker="o" if len(s["step"]) < 12 else None,
                     ms=3, label=f"{data['labels'][run]} (n={data['n_seeds'][run]})")
-            ax.fill_between(s["step"], s["lo"], s["hi"], color=c, alpha=0.12, lw=0)
         if panel in LOG_PANELS:
             ax.set_yscale("log")
         ax.set_title(PANELS[panel][1], fontsize=9)
@@ -465,7 +449,7 @@ def plot_dynamics(data: dict, out_dir=None, name: str = "dynamics", title: str =
     fig.legend(
         h, lab, loc="lower center", ncol=min(4, len(lab)), fontsize=8, bbox_to_anchor=(0.5, -0.02)
     )
-    fig.suptitle(title + "  (line: mean over seeds; band: min-max over seeds)", fontsize=10)
+    fig.suptitle(title + "  (thick line: mean over seeds; thin lines: each seed)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(lab) / 4), 1, 1))
     return save(fig, out_dir, name)
 

@@ -46,15 +46,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize, stats
+import study_files as S
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # study.py beside this file (run as a script or imported by tests)
+try:  # the study extra: one line naming it, not a traceback
+    import matplotlib  # noqa: F401  (the figures of --all: paper_figs._common)
+    from scipy import optimize, stats
+except ModuleNotFoundError as e:
+    print(f"analysis.py: {e.name} is not installed: pip install -e '.[study]' (the study extra: "
+          f"scipy, matplotlib)", file=sys.stderr)
+    raise SystemExit(2) from None
 
-import study as S  # noqa: E402
-
-OUT = HERE.parent / "paper_figs" / "out" / "study"
-RESULTS_MD = HERE / "RESULTS.md"
+OUT = S.ROOT / "paper_figs" / "out" / "study"
+RESULTS_MD = S.HERE / "RESULTS.md"
 SIDES = ("greater", "less", "two-sided")
 SUPPORTED, CONTRADICTED = "supported at this scale", "contradicted at this scale"
 POWER = 0.8
@@ -154,16 +157,6 @@ def rate_ci(k: int, n: int) -> tuple:
 # a study's results
 # ----------------------------------------------------------------------------------------------
 
-def values(rows: list[dict], outcome: str) -> dict:
-    """{cell: {seed: outcome value}} (runs whose outcome is None are left out)."""
-    out = {}
-    for r in rows:
-        v = r["outcomes"].get(outcome)
-        if v is not None:
-            out.setdefault(r["cell"], {})[r["seed"]] = float(v)
-    return out
-
-
 def weights(contrast: dict) -> dict:
     """{cell: +1 / -1}: "a" - "b", or "interaction" [[a_hi, b_hi], [a_lo, b_lo]] =
     (a_hi - b_hi) - (a_lo - b_lo)."""
@@ -193,7 +186,7 @@ def contrast_family(rows: list[dict], contrasts: list[dict], default_outcome: st
     res = []
     for c in contrasts:
         outcome = c.get("outcome", default_outcome)
-        seeds, d = paired_differences(values(rows, outcome), weights(c))
+        seeds, d = paired_differences(S.values(rows, outcome), weights(c))
         res.append({**c, "outcome": outcome, "seeds": seeds, **one_sample(d, detail)})
     adj = holm([r["p"] if not math.isnan(r["p"]) else 1.0 for r in res])
     m = len(res)
@@ -207,7 +200,7 @@ def contrast_family(rows: list[dict], contrasts: list[dict], default_outcome: st
 
 def collapsed(rows: list[dict], rule: dict) -> dict:
     """{cell: {seed: bool}}: outcome < below * the seed's reference-cell outcome, or < floor."""
-    vals = values(rows, rule["outcome"])
+    vals = S.values(rows, rule["outcome"])
     ref = vals.get(rule.get("reference_cell"), {})
     out = {}
     for cell, per_seed in vals.items():
@@ -239,22 +232,12 @@ def collapse_family(rows, rule: dict, contrasts: list[dict], alpha: float) -> di
     return {"rates": rates, "contrasts": res}
 
 
-def excluded_seeds(rows: list[dict], rule: dict | None) -> list:
-    """The seeds the study's pre-registered ``exclude`` rule drops from every table and test:
-    those whose reference-cell outcome (the warm start, measured before any RL step, so no cell
-    can influence it) is below ``below``."""
-    if not rule:
-        return []
-    ref = values(rows, rule["outcome"]).get(rule["reference_cell"], {})
-    return sorted(s for s, v in ref.items() if v < rule["below"])
-
-
 def analyse(spec: dict, rows: list[dict]) -> dict:
     """Everything the report shows, from the study's pre-registered analysis section."""
     an = spec.get("analysis", {})
     alpha = an.get("alpha", 0.05)
     outcome = an.get("outcome")
-    dropped = excluded_seeds(rows, an.get("exclude"))
+    dropped = S.excluded_seeds(rows, an.get("exclude"))
     n_all = len(rows)
     every_row, rows = rows, [r for r in rows if r["seed"] not in dropped]
     out = {"study": spec["name"], "alpha": alpha, "outcome": outcome, "excluded": dropped,
@@ -275,7 +258,7 @@ def analyse(spec: dict, rows: list[dict]) -> dict:
         out["collapse"] = collapse_family(rows, an["collapse"], an.get("collapse_contrasts", []),
                                           alpha)
     if "select" in an:
-        out["select"] = select(spec, every_row)
+        out["select"] = S.select(spec, every_row)
     if "optima" in an:
         out["optima"] = optima(rows, an["optima"], spec)
     out["cpu_h"] = sum(r["cpu_s"] for r in rows) / 3600
@@ -317,81 +300,6 @@ def optima_rows(a: dict) -> list[str]:
         L.append(f"| {a['cells'][cell]['label']} | {len(f)} | {np.mean(f):.4f}, {max(f):.4f} | "
                  f"{np.mean(r):.4f}, {max(r):.4f} |")
     return L
-
-
-# ----------------------------------------------------------------------------------------------
-# calibration: the values the main studies read
-# ----------------------------------------------------------------------------------------------
-
-def select(spec: dict, rows: list[dict]) -> dict:
-    """Each pre-registered choice of the calibration study (its analysis.select):
-
-    "lr": cost(lr) = 1 - sum of off-policy outcomes / sum of the paired on-policy outcomes (over
-      methods and seeds); floored = fraction of off-policy runs whose outcome is below ``floor``.
-      Eligible: cost within ``range`` and floored <= ``max_floored``; the choice is the eligible
-      candidate whose cost is nearest ``target`` (the smaller value on a tie). None eligible: the
-      candidate nearest ``target`` among those with floored <= max_floored, marked
-      "outside the range"; none of those: no choice (the grid must be extended).
-    "share" (beta): share = value * mean over seeds of (kl * length / reward) at the end of
-      training, the regularizer's part of the objective; the choice is the candidate whose share
-      is nearest ``target`` within ``range`` (the same fallback).
-    Complete: every cell of the study has all its planned seeds but those of the study's
-    ``exclude`` rule, which do not count in any score (study.py does not run them)."""
-    done = {(r["cell"], r["seed"]) for r in rows}
-    dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
-    complete = all((c, s) in done for c, cell in spec["cells"].items()
-                   for s in range(cell["seeds"]) if s not in dropped)
-    rows = [r for r in rows if r["seed"] not in dropped]
-    out = {}
-    for name, rule in spec["analysis"]["select"].items():
-        cands = {}
-        for value, cells in rule["candidates"].items():
-            if rule["rule"] == "offpolicy-cost":
-                on, off = values(rows, rule["outcome"]), values(rows, rule["outcome"])
-                pairs = [(on[a][s], off[b][s]) for a, b in zip(cells["on"], cells["off"])
-                         for s in sorted(set(on.get(a, {})) & set(off.get(b, {})))]
-                if not pairs:
-                    continue
-                son, soff = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-                cost = 1 - soff / son if son > 0 else math.nan
-                floored = np.mean([p[1] < rule["floor"] for p in pairs])
-                cands[value] = {"score": cost, "floored": float(floored), "n": len(pairs)}
-            elif rule["rule"] == "kl-share":
-                got = [r for r in rows if r["cell"] == cells]
-                sh = [float(value) * r["outcomes"][rule["kl"]] * r["outcomes"][rule["length"]]
-                      / r["outcomes"][rule["reward"]] for r in got
-                      if r["outcomes"][rule["reward"]]]
-                if sh:
-                    cands[value] = {"score": float(np.mean(sh)), "floored": 0.0, "n": len(sh)}
-            else:
-                raise ValueError(f"unknown selection rule {rule['rule']!r}")
-        lo, hi = rule["range"]
-        ok = {v: c for v, c in cands.items() if c["floored"] <= rule.get("max_floored", 1.0)}
-        inside = {v: c for v, c in ok.items() if lo <= c["score"] <= hi}
-        pool = inside or ok
-        choice = min(pool, key=lambda v: (abs(pool[v]["score"] - rule["target"]), float(v)),
-                     default=None)
-        out[name] = {"candidates": cands, "complete": complete,
-                     "choice": float(choice) if choice is not None else None,
-                     "inside_range": bool(inside)}
-    return out
-
-
-def calibrated_values(results=S.RESULTS, studies=S.STUDIES) -> dict:
-    """{name: value} the calibration study chose (study.py substitutes them); a StudyError while
-    the calibration is incomplete or chose nothing."""
-    spec = S.load_study("calibration", studies)
-    rows = S.read_rows(S.results_path("calibration", results))
-    got = {}
-    for name, s in select(spec, rows).items():
-        if not s["complete"]:
-            raise S.StudyError(f"the calibration study is not complete ({len(rows)} runs); "
-                               f"finish it first: python small_scale/study.py calibration")
-        if s["choice"] is None:
-            raise S.StudyError(f"the calibration chose no {name}: no candidate met its rule; "
-                               f"extend the grid in small_scale/studies/calibration.json")
-        got[name] = s["choice"]
-    return got
 
 
 # ----------------------------------------------------------------------------------------------
@@ -552,18 +460,23 @@ def fill_blocks(text: str, blocks: dict) -> str:
     return text
 
 
-def studies_with_results(results=S.RESULTS, studies=S.STUDIES) -> list[str]:
-    return [p.stem for p in sorted(Path(studies).glob("*.json"))
-            if S.read_rows(S.results_path(p.stem, results))]
+def analysed(results=S.RESULTS, studies=S.STUDIES) -> dict:
+    """{study: (spec, analysis)} of every study with results: every row of every results file is
+    read and checked before anything is analysed (a bad row: StudyError, nothing written)."""
+    out = {}
+    for name in [p.stem for p in sorted(Path(studies).glob("*.json"))]:
+        if not S.results_path(name, results).exists():
+            continue
+        spec = S.load_study(name, studies)
+        rows = S.read_rows(S.results_path(name, results), spec)
+        if rows:
+            out[name] = (spec, rows)
+    return {name: (spec, analyse(spec, rows)) for name, (spec, rows) in out.items()}
 
 
 def generated(results=S.RESULTS, studies=S.STUDIES) -> dict:
     """{study: report} of every study with results."""
-    out = {}
-    for name in studies_with_results(results, studies):
-        spec = S.load_study(name, studies)
-        out[name] = report(analyse(spec, S.read_rows(S.results_path(name, results))))
-    return out
+    return {name: report(a) for name, (_, a) in analysed(results, studies).items()}
 
 
 def main(argv=None) -> int:
@@ -584,13 +497,14 @@ def main(argv=None) -> int:
     try:
         if a.study:
             spec = S.load_study(a.study, a.studies)
-            res = analyse(spec, S.read_rows(S.results_path(a.study, a.results)))
+            res = analyse(spec, S.read_rows(S.results_path(a.study, a.results), spec))
             print(json.dumps(res, indent=1, default=str) if a.json else report(res))
             return 0
-        blocks = generated(a.results, a.studies)
+        studies = analysed(a.results, a.studies)
     except S.StudyError as e:
         print(f"analysis.py: {e}", file=sys.stderr)
         return 2
+    blocks = {name: report(res) for name, (_, res) in studies.items()}
     md = Path(a.results_md)
     text = md.read_text()
     new = fill_blocks(text, blocks)
@@ -601,11 +515,9 @@ def main(argv=None) -> int:
             return 1
         return 0
     out = Path(a.out)
-    for name, body in blocks.items():
-        spec = S.load_study(name, a.studies)
+    for name, (spec, res) in studies.items():
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.md").write_text(body)
-        res = analyse(spec, S.read_rows(S.results_path(name, a.results)))
+        (out / f"{name}.md").write_text(blocks[name])
         for p in [out / f"{name}.md"] + plot_levels(spec, res, out):
             print(p)
     if new != text:

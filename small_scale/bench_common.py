@@ -1,6 +1,7 @@
 """What the benchmarks share (small_scale/bench_trainer.py on CPU, small_scale/gpu_bench.py and
 small_scale/bench_gpu_vs_trl.py on a GPU, or on a CPU at smoke settings): the benchmark models,
-the device's name, process memory, TRL's step timer, fresh worker processes and the ratio table."""
+the device's name, the math runs' rpg-train settings, process memory, TRL's step timer, fresh worker
+processes and the ratio table."""
 
 from __future__ import annotations
 
@@ -34,6 +35,23 @@ def model_config(name: str, folder: Path) -> Path:
     path = folder / f"{TINY}.json"
     path.write_text(json.dumps(tiny_qwen3_config()))
     return path
+
+
+def math_hf_args(*, device: str, out: Path, model: Path, steps: int, prompts: int, group: int,
+                 updates: int, max_new_tokens: int, micro_batch_tokens: int,
+                 checkpointing: bool, lr: float) -> dict:
+    """rpg-train's settings of the GPU benchmarks' math runs (gpu_bench.py, bench_gpu_vs_trl.py;
+    a dict for train_flags.flags): the HF engine with --hf-chunk auto, bf16 autocast,
+    micro-batches by a token budget, ``updates`` optimizer steps per batch, every response to
+    max_new_tokens (no overlong penalty, no dynamic sampling), no evaluation or export. A caller
+    adds its own (algorithm, data, optimizer)."""
+    return {"task": "math", "engine": "hf", "device": device, "out": out, "math_model": model,
+            "math_dtype": "bf16-autocast", "math_gradient_checkpointing": checkpointing,
+            "math_eval_n": 0, "math_export": False, "steps": steps, "prompts_per_step": prompts,
+            "group_size": group, "mini_batch_size": prompts * group // updates,
+            "micro_batch_size": 0, "micro_batch_tokens": micro_batch_tokens, "hf_chunk": "auto",
+            "max_new_tokens": max_new_tokens, "overlong_buffer": 0, "dynamic_sampling": False,
+            "lr": lr, "progress": False}
 
 
 def missing_device(device: str) -> str | None:

@@ -38,12 +38,12 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
 from bench_common import (
     DEVICES,
     SHARED_MODELS,
     TINY,
     device_name,
+    math_hf_args,
     missing_device,
     model_config,
     peak_memory_gib,
@@ -52,6 +52,7 @@ from bench_common import (
     run_worker,
     step_timer,
 )
+from train_flags import flags
 
 REPO = Path(__file__).resolve().parent.parent
 # what the command line leaves out, by device
@@ -85,67 +86,14 @@ def check(s: dict) -> str | None:
 # --------------------------------------------------------------------------- the two configurations
 def ours_argv(s: dict, out: Path, model_dir: Path, problems: Path) -> list:
     """rpg-train's flags for the comparison (a valid configuration: tests/test_gpu_bench.py)."""
-    batch = s["prompts"] * s["group"]
-    return [
-        "--task",
-        "math",
-        "--engine",
-        "hf",
-        "--device",
-        s["device"],
-        "--out",
-        str(out),
-        "--algo",
-        "rpg-reinforce-urkl",
-        "--ref",
-        "iterative",
-        "--beta",
-        str(s["beta"]),
-        "--math-model",
-        str(model_dir),
-        "--math-tokenizer",
-        str(model_dir),
-        "--math-train-data",
-        str(problems),
-        "--math-dtype",
-        "bf16-autocast",
-        "--math-gradient-checkpointing",
-        "--math-eval-n",
-        "0",
-        "--no-math-export",
-        "--steps",
-        str(s["steps"]),
-        "--prompts-per-step",
-        str(s["prompts"]),
-        "--group-size",
-        str(s["group"]),
-        "--mini-batch-size",
-        str(batch // s["updates"]),
-        "--micro-batch-size",
-        "0",
-        "--micro-batch-tokens",
-        "16384",
-        "--hf-chunk",
-        "auto",
-        "--max-new-tokens",
-        str(s["max_new_tokens"]),
-        "--temperature",
-        "1.0",
-        "--top-p",
-        "1.0",
-        "--overlong-buffer",
-        "0",
-        "--no-dynamic-sampling",
-        "--lr",
-        str(s["lr"]),
-        "--weight-decay",
-        "0.0",
-        "--grad-clip",
-        "1.0",
-        "--seed",
-        str(s["seed"]),
-        "--no-progress",
-    ]
+    return flags({
+        **math_hf_args(device=s["device"], out=out, model=model_dir, steps=s["steps"],
+                       prompts=s["prompts"], group=s["group"], updates=s["updates"],
+                       max_new_tokens=s["max_new_tokens"], micro_batch_tokens=16384,
+                       checkpointing=True, lr=s["lr"]),
+        "algo": "rpg-reinforce-urkl", "ref": "iterative", "beta": s["beta"],
+        "math_tokenizer": model_dir, "math_train_data": problems, "temperature": 1.0,
+        "top_p": 1.0, "weight_decay": 0.0, "grad_clip": 1.0, "seed": s["seed"]})
 
 
 def trl_config(s: dict, out: Path) -> dict:

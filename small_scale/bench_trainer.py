@@ -26,11 +26,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
 from bench_common import peak_rss_mb, ratio_rows, rollout_cycles, rss_mb, run_worker, step_timer
+from train_flags import flags
 
 COMMON = {
     "prompts": 16,
@@ -44,8 +43,9 @@ COMMON = {
 MODEL = {}  # seq task model options (--hidden/--layers), the same for both trainers
 
 
-def model_flags() -> list:
-    return [x for k, v in MODEL.items() for x in (f"--seq-{k}", str(v))]
+def model_args() -> dict:
+    """The seq task's model options given on the command line, as rpg-train settings."""
+    return {f"seq_{k}": v for k, v in MODEL.items()}
 
 
 def prepare(out: Path) -> Path:
@@ -60,17 +60,8 @@ def prepare(out: Path) -> Path:
     model_dir = out / "model"
     if (model_dir / "config.json").exists():
         return model_dir
-    cfg = parse_config(
-        [
-            "--task",
-            "seq",
-            "--out",
-            str(out / "unused"),
-            "--cache-dir",
-            str(out / "cache"),
-            *model_flags(),
-        ]
-    )
+    cfg = parse_config(flags({"task": "seq", "out": out / "unused", "cache_dir": out / "cache",
+                              **model_args()}))
     torch.manual_seed(cfg.seed)
     task = SeqTask(cfg, torch.device("cpu"))
     policy = task.build_policy()
@@ -108,42 +99,12 @@ def run_ours(out: Path, steps: int) -> dict:
 
     rss_imports = rss_mb()
     c = COMMON
-    argv = [
-        "--task",
-        "seq",
-        "--algo",
-        "rpg-reinforce-urkl",
-        "--steps",
-        str(steps),
-        "--out",
-        str(out / "ours"),
-        "--cache-dir",
-        str(out / "cache"),
-        "--prompts-per-step",
-        str(c["prompts"]),
-        "--group-size",
-        str(c["group"]),
-        "--max-new-tokens",
-        str(c["max_new_tokens"]),
-        "--mini-batch-size",
-        str(c["mini"]),
-        "--lr",
-        str(c["lr"]),
-        "--beta",
-        str(c["beta"]),
-        "--seed",
-        str(c["seed"]),
-        "--eval-every",
-        "0",
-        "--save-every",
-        "1000000",
-        "--threads",
-        "1",
-        "--no-progress",
-        "--seq-eval-size",
-        "16",
-        *model_flags(),
-    ]
+    argv = flags({"task": "seq", "algo": "rpg-reinforce-urkl", "steps": steps, "out": out / "ours",
+                  "cache_dir": out / "cache", "prompts_per_step": c["prompts"],
+                  "group_size": c["group"], "max_new_tokens": c["max_new_tokens"],
+                  "mini_batch_size": c["mini"], "lr": c["lr"], "beta": c["beta"],
+                  "seed": c["seed"], "eval_every": 0, "save_every": 1000000, "threads": 1,
+                  "progress": False, "seq_eval_size": 16, **model_args()})
     train(parse_config(argv))
     rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
     times = [r["time_step"] for r in rows[1:-1]]
@@ -260,8 +221,7 @@ def main() -> None:
     prepare(out)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for w in ("ours", "trl"):
-        argv = ["--steps", str(a.steps), "--out", a.out, "--_worker", w,
-                *[x for k, v in MODEL.items() for x in ("--" + k, str(v))]]
+        argv = [*flags({"steps": a.steps, "out": a.out, **MODEL}), "--_worker", w]
         run_worker(__file__, argv, env, w)
     ours, trl_ = (json.loads((out / f"{w}.json").read_text()) for w in ("ours", "trl"))
     med = lambda r: statistics.median(r["step_s"])

@@ -59,8 +59,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
-from bench_common import DEVICES, SHARED_MODELS, TINY, device_name, missing_device, model_config
+from bench_common import (
+    DEVICES,
+    SHARED_MODELS,
+    TINY,
+    device_name,
+    math_hf_args,
+    missing_device,
+    model_config,
+)
+from train_flags import flags
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = {
@@ -154,49 +162,10 @@ def summarize(rows: list[dict], n_params: int, batch: int, peak_tflops: float | 
 # ---------------------------------------------------------------------------- running
 def train_argv(name: str, args, out: Path, config: Path) -> list:
     """rpg-train's flags for one model (``config``: its config.json)."""
-    batch = args.prompts * args.group
-    return [
-        "--task",
-        "math",
-        "--engine",
-        "hf",
-        "--device",
-        args.device,
-        "--out",
-        str(out),
-        "--math-model",
-        str(config),
-        "--math-dtype",
-        "bf16-autocast",
-        "--math-eval-n",
-        "0",
-        "--no-math-export",
-        "--math-gradient-checkpointing"
-        if CHECKPOINTING[name]
-        else "--no-math-gradient-checkpointing",
-        "--steps",
-        str(args.steps),
-        "--prompts-per-step",
-        str(args.prompts),
-        "--group-size",
-        str(args.group),
-        "--mini-batch-size",
-        str(batch // args.updates),
-        "--micro-batch-size",
-        "0",
-        "--micro-batch-tokens",
-        str(MICRO_BATCH_TOKENS[name]),
-        "--hf-chunk",
-        "auto",
-        "--max-new-tokens",
-        str(args.max_new_tokens),
-        "--overlong-buffer",
-        "0",
-        "--no-dynamic-sampling",
-        "--lr",
-        "1e-6",
-        "--no-progress",
-    ]
+    return flags(math_hf_args(
+        device=args.device, out=out, model=config, steps=args.steps, prompts=args.prompts,
+        group=args.group, updates=args.updates, max_new_tokens=args.max_new_tokens,
+        micro_batch_tokens=MICRO_BATCH_TOKENS[name], checkpointing=CHECKPOINTING[name], lr=1e-6))
 
 
 def resolve_mode(args) -> None:

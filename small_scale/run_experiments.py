@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from study import flags  # small_scale/study.py: the one JSON -> rpg-train flags rule
+from train_flags import flags  # the one dict -> rpg-train flags rule
 
 from paper_figs.training import read_experiment_log
 from rpg_ref import strict_json

@@ -22,14 +22,20 @@ done) is not run in the other cells: its results would enter no test.
 
 Each run is the command a user types: ``python -m rpg_ref.cli FLAGS --seed s ... --out
 RUNS/<study>/<cell>/s<seed> --cache-dir RUNS/cache --threads 1 --no-progress`` (the runner's
-interpreter; the runner sets those flags, a study may not). A run folder that already holds a run
+interpreter; the runner sets those flags, a study may not), run as rpg-train's main in a fork of
+a persistent worker process that imported torch and transformers once (study_worker.py: the same
+outputs bit for bit, seconds less per run; a run's cpu_s is its own, without those imports), its
+output in RUNS/<study>/<cell>/s<seed>.log. A run folder that already holds a run
 continues with ``--resume`` (a killed run loses at most the steps since its last checkpoint).
 A lock file beside each run folder (fcntl, released when its holder dies) keeps several runner
 processes from running one (cell, seed) twice. A finished run appends one JSON line to
 small_scale/results/<study>.jsonl (flushed and fsynced under a lock; a torn last line, left by a
-kill mid-write, is dropped on the next read and cut off before the next write): cell, seed, the
-exact argv, the outcomes (from the run's full metrics.jsonl), the series, the summary, commit
-(and whether the tree was dirty), torch / transformers versions, CPU model, wall and CPU seconds.
+kill mid-write, is left out and reported on the next read and cut off, with a word, before the
+next write): cell, seed, the exact argv, the outcomes (from the run's full metrics.jsonl), the
+series, the summary, commit (and whether the tree was dirty), torch / transformers versions, CPU
+model, wall and CPU seconds. Every row read is checked against the study file first (a NaN, a
+missing outcome, an unplanned cell or seed, a duplicate: one line naming file:line, exit 2;
+paper_figs/study_rows.py holds the rule), and so is every row before it is written.
 """
 
 from __future__ import annotations
@@ -39,9 +45,8 @@ import contextlib
 import dataclasses
 import datetime
 import fcntl
-import hashlib
+import functools
 import io
-import json
 import math
 import os
 import platform
@@ -54,91 +59,29 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from paper_figs.training import read_study_rows
+from study_files import (
+    RESULTS,
+    ROOT,
+    STUDIES,
+    StudyError,
+    calibrated_values,
+    check_row,
+    excluded_seeds,
+    load_study,
+    read_rows,
+    results_path,
+)
+from study_worker import Worker
+from train_flags import flags
+
 from rpg_ref import strict_json
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-STUDIES = HERE / "studies"
-RESULTS = HERE / "results"
 RUNS = ROOT / "runs" / "study"
-SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "seed_flags", "cells",
-             "outcomes", "series", "analysis", "groups"}
-CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
-ROLES = ("primary", "secondary", "reference")
-RESERVED = {"seed", "init_seed", "out", "resume", "cache_dir", "threads", "progress"}
-REDUCERS = ("last", "mean", "first", "max", "min")
-
-
-class StudyError(ValueError):
-    """A bad study file, flag or results file: one line for the user, exit code 2."""
 
 
 # ----------------------------------------------------------------------------------------------
-# the study file
+# the jobs
 # ----------------------------------------------------------------------------------------------
-
-def flags(args: dict) -> list[str]:
-    """{"eval_every": 10, "clip": [0.2, 0.28, 3.0], "progress": False} -> rpg-train argv."""
-    out = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
-            out.append(flag if v else "--no-" + k.replace("_", "-"))
-        elif isinstance(v, list):
-            out += [flag] + [str(x) for x in v]
-        else:
-            out += [flag, str(v)]
-    return out
-
-
-def study_path(name: str, studies=STUDIES) -> Path:
-    path = Path(studies) / f"{name}.json"
-    if not path.is_file():
-        have = sorted(p.stem for p in Path(studies).glob("*.json"))
-        raise StudyError(f"no study {name!r} ({path} not found); studies: {', '.join(have)}")
-    return path
-
-
-def load_study(name: str, studies=STUDIES) -> dict:
-    """The study file, checked: known keys, cells with flags the runner does not set, outcomes
-    with a known reducer. Each cell gets its "seeds" (count) and "role" filled in."""
-    path = study_path(name, studies)
-    try:
-        spec = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StudyError(f"{path}: not JSON ({e})") from None
-    bad = set(spec) - SPEC_KEYS
-    missing = {"common", "seeds", "cells", "outcomes"} - set(spec)
-    if bad or missing:
-        raise StudyError(f"{path}: unknown keys {sorted(bad)}, missing keys {sorted(missing)}")
-    spec.setdefault("seed_flags", ["seed"])
-    spec.setdefault("series", {"keys": [], "every": 1})
-    if not spec["cells"]:
-        raise StudyError(f"{path}: no cells")
-    for where, args in [("common", spec["common"])] + [
-            (f"cell {c!r}", cell.get("args", {})) for c, cell in spec["cells"].items()]:
-        if RESERVED & set(args):
-            raise StudyError(f"{path}: {where} sets {sorted(RESERVED & set(args))}: the runner "
-                             f"sets those (seeds through seed_flags)")
-    for c, cell in spec["cells"].items():
-        if set(cell) - CELL_KEYS:
-            raise StudyError(f"{path}: cell {c!r} has unknown keys {sorted(set(cell) - CELL_KEYS)}")
-        cell.setdefault("role", "primary")
-        cell.setdefault("seeds", spec["seeds"])
-        if cell["role"] not in ROLES:
-            raise StudyError(f"{path}: cell {c!r}: role must be one of {ROLES}")
-        if not (isinstance(cell["seeds"], int) and cell["seeds"] >= 1):
-            raise StudyError(f"{path}: cell {c!r}: seeds must be an integer >= 1")
-    for o, rule in spec["outcomes"].items():
-        if rule.get("reduce") not in REDUCERS or "key" not in rule:
-            raise StudyError(f"{path}: outcome {o!r} needs a key and a reduce in {REDUCERS}")
-    if set(spec["seed_flags"]) - {"seed", "init_seed"}:
-        raise StudyError(f"{path}: seed_flags may hold 'seed' and 'init_seed' only")
-    spec["name"] = name
-    spec["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return spec
-
 
 def resolve_calibrated(args: dict, values: dict | None) -> dict:
     """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F."""
@@ -232,10 +175,6 @@ def validate(jobs: list[Job], runs: Path) -> None:
 # the results file
 # ----------------------------------------------------------------------------------------------
 
-def results_path(study: str, results=RESULTS) -> Path:
-    return Path(results) / f"{study}.jsonl"
-
-
 def done_keys(rows: list[dict]) -> set:
     return {(r["cell"], r["seed"]) for r in rows}
 
@@ -247,7 +186,6 @@ def skipped_keys(spec: dict, jobs: list[Job], rows: list[dict]) -> set:
     rule = spec.get("analysis", {}).get("exclude")
     if not rule:
         return set()
-    from analysis import excluded_seeds  # small_scale/analysis.py (scipy)
     dropped = set(excluded_seeds(rows, rule))
     return {(j.cell, j.seed) for j in jobs
             if j.seed in dropped and j.cell != rule["reference_cell"]}
@@ -255,7 +193,7 @@ def skipped_keys(spec: dict, jobs: list[Job], rows: list[dict]) -> set:
 
 def append_row(path: Path, row: dict) -> None:
     """One complete line, under an exclusive lock on the file; a torn tail (a kill mid-write) is
-    cut off first; flushed and fsynced before the lock is released."""
+    cut off first, and said; flushed and fsynced before the lock is released."""
     line = (strict_json.dumps(row, separators=(",", ":")) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as f:
@@ -266,20 +204,16 @@ def append_row(path: Path, row: dict) -> None:
                 f.seek(0)
                 data = f.read()
                 if not data.endswith(b"\n"):
-                    f.truncate(data.rfind(b"\n") + 1)
+                    keep, lines = data.rfind(b"\n") + 1, data.count(b"\n")
+                    f.truncate(keep)
+                    print(f"study.py: {rel(path)}:{lines + 1}: cut off a torn last "
+                          f"line ({size - keep} bytes, a write stopped by a kill); a run "
+                          f"without its row is run again", file=sys.stderr, flush=True)
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a results file ([] when there is none); a StudyError for a corrupt one."""
-    try:
-        return read_study_rows(path)
-    except ValueError as e:
-        raise StudyError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -363,9 +297,10 @@ class Stopping(Exception):
     """The runner was asked to stop (SIGINT/SIGTERM): the run was left resumable."""
 
 
-def run_job(job: Job, spec: dict, procs: dict, claim_fd: int) -> dict:
-    """Train (or resume) one job as a subprocess; returns its results row. Raises Stopping when
-    the run was interrupted, RuntimeError when it failed."""
+def run_job(job: Job, spec: dict, worker: Worker, claim_fd: int, on_pid) -> dict:
+    """Train (or resume) one job in a fork of ``worker`` (rpg-train's main, as ``python -m
+    rpg_ref.cli`` runs it; ``on_pid(pid)`` once it runs); returns its results row. Raises Stopping
+    when the run was interrupted, RuntimeError when it failed."""
     cfg_file = job.folder / "config.json"
     resumed_from = 0
     if cfg_file.is_file():
@@ -375,29 +310,18 @@ def run_job(job: Job, spec: dict, procs: dict, claim_fd: int) -> dict:
         argv = ["--resume", rel(job.folder), "--no-progress"]
     else:
         argv = job.argv
-    cmd = [sys.executable, "-m", "rpg_ref.cli", *argv]
     env = environment()   # the code the run imports: the tree as it is when the run starts
+    log = job.folder.parent / f"s{job.seed}.log"
+    with open(log, "ab") as out:   # the command the job is the same as
+        out.write(f"$ {shlex.join([sys.executable, '-m', 'rpg_ref.cli', *argv])}\n".encode())
     t0 = time.perf_counter()
-    with open(job.folder.parent / f"s{job.seed}.log", "ab") as out:
-        out.write(f"$ {shlex.join(cmd)}\n".encode())
-        out.flush()
-        # own session: our signal handler forwards SIGINT/TERM; the claim's fd is inherited, so a
-        # run outliving a killed runner keeps its claim
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True, pass_fds=(claim_fd,))
-        procs[p.pid] = p
-        try:
-            _, status, ru = os.wait4(p.pid, 0)
-        finally:
-            procs.pop(p.pid, None)
-        p.returncode = os.waitstatus_to_exitcode(status)
-    wall, cpu = time.perf_counter() - t0, ru.ru_utime + ru.ru_stime
-    if p.returncode in (130, 143, -2, -15):
+    code, cpu = worker.run(argv, log, claim_fd, on_pid)
+    wall = time.perf_counter() - t0
+    if code in (130, 143, -2, -15):
         raise Stopping(f"{job.cell} s{job.seed}: interrupted; it resumes on the next invocation")
-    if p.returncode != 0:
-        tail = (job.folder.parent / f"s{job.seed}.log").read_text().splitlines()[-5:]
-        raise RuntimeError(f"{job.cell} s{job.seed}: rpg-train exited {p.returncode}: "
-                           + " | ".join(tail))
+    if code != 0:
+        tail = log.read_text().splitlines()[-5:]
+        raise RuntimeError(f"{job.cell} s{job.seed}: rpg-train exited {code}: " + " | ".join(tail))
     metrics = [strict_json.loads(x) for x in
                (job.folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
     summary = strict_json.loads((job.folder / "summary.json").read_text())
@@ -480,45 +404,71 @@ def status_lines(spec: dict, jobs: list[Job], rows: list[dict]) -> list[str]:
 
 def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
               max_runs: int | None = None) -> int:
-    """Run every pending job with ``workers`` threads, each driving one rpg-train process."""
-    lock = threading.Lock()
-    queue, procs = list(jobs), {}
+    """Run every pending job with ``workers`` threads, each driving one persistent worker process
+    (study_worker.py) that runs its jobs one at a time."""
+    # signalled: reentrant, since a second signal can run on_signal inside the first one
+    lock, signalled = threading.Lock(), threading.RLock()
+    queue, running = list(jobs), set()   # running: the pids of the jobs now running
     state = {"stop": None, "ran": 0, "failed": None}
 
+    def forward(pid: int, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)   # rpg-train saves and stops at the end of its step
+
     def on_signal(signum, frame):
-        state["stop"] = signal.Signals(signum).name
-        for p in list(procs.values()):
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signum)   # rpg-train saves and stops at the end of its step
+        with signalled:
+            state["stop"] = signal.Signals(signum).name
+            for pid in list(running):
+                forward(pid, signum)
+
+    def on_pid(mine: list, pid: int) -> None:  # a job started: a signal that came first too
+        mine.append(pid)
+        with signalled:
+            running.add(pid)
+            if state["stop"]:
+                forward(pid, getattr(signal, state["stop"]))
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def worker():
-        while True:
-            with lock:
-                if state["stop"] or state["failed"] or not queue or (
-                        max_runs is not None and state["ran"] >= max_runs):
-                    return
-                job = queue.pop(0)
-            with claimed(job) as fd:
-                rows = read_rows(results)
-                if fd is None or (job.cell, job.seed) in done_keys(rows) | skipped_keys(
-                        spec, [job], rows):
-                    continue     # held or finished by another runner, or excluded since we looked
+        proc = None
+        try:
+            while True:
                 with lock:
-                    state["ran"] += 1
-                    n = state["ran"]
-                try:
-                    row = run_job(job, spec, procs, fd)
-                except Stopping as e:
-                    print(f"stopped: {e}", flush=True)
+                    if state["stop"] or state["failed"] or not queue or (
+                            max_runs is not None and state["ran"] >= max_runs):
+                        return
+                    job = queue.pop(0)
+                proc = proc or Worker()   # imports once: seconds, before the first job only
+                if state["stop"]:         # asked to stop while the worker was starting
                     return
-                except (RuntimeError, StudyError) as e:
-                    state["failed"] = str(e)
-                    return
-                append_row(results, row)
-                print(f"[{n}] {job.cell} s{job.seed}: {row['outcomes']} "
-                      f"({row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU)", flush=True)
+                with claimed(job) as fd:
+                    # another runner may have appended since we looked (a torn line: said once)
+                    rows = read_rows(results, spec, report_torn=False)
+                    if fd is None or (job.cell, job.seed) in done_keys(rows) | skipped_keys(
+                            spec, [job], rows):
+                        continue  # held or finished by another runner, or excluded since
+                    with lock:
+                        state["ran"] += 1
+                        n = state["ran"]
+                    mine = []
+                    try:
+                        row = run_job(job, spec, proc, fd, functools.partial(on_pid, mine))
+                        check_row(row, spec)
+                    except Stopping as e:
+                        print(f"stopped: {e}", flush=True)
+                        return
+                    finally:
+                        with signalled:
+                            running.difference_update(mine)
+                    append_row(results, row)
+                    print(f"[{n}] {job.cell} s{job.seed}: {row['outcomes']} "
+                          f"({row['wall_s']:.0f} s wall, {row['cpu_s']:.0f} s CPU)", flush=True)
+        except (RuntimeError, StudyError) as e:   # WorkerDied is a RuntimeError
+            state["failed"] = str(e)
+        finally:
+            if proc is not None:
+                proc.close()
 
     try:
         with ThreadPoolExecutor(workers) as pool:
@@ -556,14 +506,13 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS), help="folder of <study>.jsonl")
     ap.add_argument("--runs", default=str(RUNS), help="run folders (git-ignored)")
     a = ap.parse_args(argv)
-    sys.modules.setdefault("study", sys.modules[__name__])  # analysis.py's `import study`: this
     if a.workers < 1 or (a.max_runs is not None and a.max_runs < 1) or a.nice < 0:
         print("study.py: --workers and --max-runs must be >= 1, --nice >= 0", file=sys.stderr)
         return 2
     try:
         spec = load_study(a.study, a.studies)
         path = results_path(a.study, a.results)
-        rows = read_rows(path)
+        rows = read_rows(path, spec)
         calibrated = None
         if a.status:   # cells and seeds only: no flag is resolved or checked
             cells = a.cells or list(spec["cells"])
@@ -574,7 +523,6 @@ def main(argv: list | None = None) -> int:
                     for s in range(spec["cells"][c]["seeds"])]
         else:
             if needs_calibration(spec):
-                from analysis import calibrated_values  # small_scale/analysis.py (scipy)
                 calibrated = calibrated_values(a.results, a.studies)
             jobs = jobs_of(spec, a.runs, calibrated, a.cells)
             validate(jobs, Path(a.runs))

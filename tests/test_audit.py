@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -567,6 +568,57 @@ def test_cli_loss_without_gradient_is_one_line(tmp_path, capsys, kind):
     err = capsys.readouterr()
     assert e.value.code == 2 and err.out == ""
     assert "the loss has no gradient with respect to logp" in one_line_of(err.err)
+
+
+# user losses that fail on some batch only: each must end in one line naming the loss, the batch's
+# shape and what came back (3 tokens, H = 3: the first batch is all 27 responses; then one response
+# at a time, the mean-over-responses check)
+HEAD = "import torch\ndef loss(logp, old_logp, ref_logp, advantages, mask):\n"
+PG = "    out = -(torch.exp(logp - old_logp) * advantages[:, None] * mask).sum(1).mean()\n"
+FAILING = {
+    "nan-on-larger-batches": (PG + "    return out * float('nan') if len(logp) > 2 else out\n",
+                              r"returned nan on a \[27, 3\] batch"),
+    "nan-on-one-response": (PG + "    return out * float('nan') if len(logp) == 1 else out\n",
+                            r"returned nan on a \[1, 3\] batch"),
+    "raises-on-longer": ("    if logp.shape[1] > 2:\n"
+                         "        raise ValueError('only short sequences supported')\n" + PG
+                         + "    return out\n",
+                         r"raised ValueError on a \[27, 3\] batch .*: only short sequences "
+                         r"supported$"),
+    "infinite-gradient": (PG + "    return out + torch.sqrt(logp - logp.detach()).sum(1).mean()\n",
+                          r"returned -?\d\S* but its gradient holds -?inf on a \[27, 3\] batch"),
+    "nan-on-the-probe": ("    return (logp * float('nan')).sum(1).mean()\n",
+                         r": returned nan on a finite \[2, 2\] batch$"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAILING))
+def test_cli_loss_failing_on_some_batch_is_one_line(tmp_path, capfd, kind):
+    """A user's loss that returns NaN or a non-finite gradient, or raises, on some batch only: one
+    line naming --loss, the batch's shape and what it returned (exit 2, nothing on stdout), and
+    neither a torch warning nor a linear-algebra library's error on the way."""
+    body, want = FAILING[kind]
+    (tmp_path / "mine.py").write_text(HEAD + body, encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as e:
+            audit.main(["--loss", f"{tmp_path / 'mine.py'}:loss"])
+    err = capfd.readouterr()
+    assert e.value.code == 2 and err.out == "" and not caught, (err, caught)
+    line = one_line_of(err.err).strip()
+    assert line.startswith(f"rpg-audit: error: --loss {tmp_path / 'mine.py'}:loss"), line
+    assert re.search(want, line), line
+    assert not re.search("torch|oneMKL|INTERNAL|report a bug", line, re.IGNORECASE), line
+
+
+def test_audit_names_the_adapter_whose_loss_fails():
+    """From Python: audit() raises LossFailed (a ValueError) naming the adapter and the shape."""
+    def loss(logp, old_logp, ref_logp, advantages, mask):
+        out = -(torch.exp(logp - old_logp) * advantages[:, None] * mask).sum(1).mean()
+        return out * float("nan") if len(logp) > 2 else out
+
+    with pytest.raises(audit.LossFailed, match=r"^mine: returned nan on a \[9, 2\] batch"):
+        audit.audit([audit.Adapter("mine", loss, 0.1, "mine", True)], horizons=(2,))
 
 
 def test_cli_slow_loss_prints_where_it_is(tmp_path, capsys, monkeypatch):

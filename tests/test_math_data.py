@@ -84,7 +84,12 @@ def test_default_data_dir_in_a_clone_and_in_an_installed_package(tmp_path, monke
             r"bad\.jsonl:2: field 'answer' must be a string or a number",
         ),
         ('{"problem": "p", "answer": NaN}', r"bad\.jsonl:2: field 'answer' is not finite"),
-        ('{"problem": "p", "answer": "1"', r"bad\.jsonl:2: invalid JSON"),
+        ('{"problem": "p", "answer": "1"', r"bad\.jsonl:2: invalid JSON at column 31 \(Expecting "
+                                           r"',' delimiter\)$"),
+        # a raw tab inside a string: json's own message stops at "... character at"
+        ('{"problem": "p\tq", "answer": "1"}',
+         r"bad\.jsonl:2: invalid JSON at column 15 \(Invalid control character\)$"),
+        ('{"problem": "p', r"bad\.jsonl:2: invalid JSON at column 13 \(Unterminated string\)$"),
         ("[1, 2]", r"bad\.jsonl:2: expected a JSON object"),
         ('{"id": "a", "problem": "q", "answer": "2"}', r"bad\.jsonl:2: duplicate id 'a'"),
     ],

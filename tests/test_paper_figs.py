@@ -379,7 +379,7 @@ def logs(tmp_path_factory):
 def test_training_dynamics_and_last_best_table(logs):
     """tab:main_table_4k's shape: Last = value at the final step, Best = max over steps (train
     metrics after a trailing mean of TRAIN_SMOOTH steps); mean and sample std over seeds; the
-    curves are the seeds' mean with a min-max band."""
+    curves are the seeds' mean, drawn over each seed's line."""
     d = training.dynamics_data("seq", logs=logs)
     s = d["panels"]["eval_accuracy"]["b"]
     assert s["key"] == "eval_greedy_accuracy" and list(s["step"]) == [5, 10, 15, 20]
@@ -461,11 +461,14 @@ def test_figures_read_a_study_where_there_is_no_legacy_log(logs, tmp_path):
     series and summaries give the same tables."""
     legacy = training.read_experiment_log(logs / "ablation.jsonl")
     spec = {"cells": {r: {"label": v["label"]} for r, v in legacy["experiment"]["runs"].items()},
-            "groups": legacy["experiment"]["groups"]}
+            "groups": legacy["experiment"]["groups"], "common": {}, "seeds": 3,
+            "outcomes": {"acc": {"key": "accuracy", "reduce": "last"}}}
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / "ablation.json").write_text(json.dumps(spec))
     (tmp_path / "results").mkdir()
-    rows = [{"cell": run, "seed": seed, "series": r["metrics"], "summary": r["summary"]}
+    rows = [{"cell": run, "seed": seed, "series": r["metrics"], "summary": r["summary"],
+             "outcomes": {"acc": r["metrics"][-1]["accuracy"]}, "cpu_s": 1.0, "wall_s": 1.0,
+             "resumed_from_step": 0}
             for run, seeds in legacy["runs"].items() for seed, r in seeds.items()]
     (tmp_path / "results" / "ablation.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))

@@ -83,4 +83,4 @@ def test_every_tour_command_runs_in_order(tmp_path):
     # the chain: the resumed run went on to 120 steps; rpg-plot drew the runs it was given
     steps = [json.loads(x)["step"] for x in (tmp_path / "runs/grpo/metrics.jsonl").open()]
     assert steps == list(range(1, 121))
-    assert (tmp_path / "runs.png").stat().st_size > 0
+    assert (tmp_path / "runs/compare.png").stat().st_size > 0

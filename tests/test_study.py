@@ -5,6 +5,7 @@ resumes where it was, and two runners never run one (cell, seed) twice."""
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,12 +73,16 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
     """Once the reference cell's run of a seed is below the pre-registered ``exclude`` bar, that
     seed's jobs in every other cell are left out of --dry-run, --status and the run; a seed at or
     above the bar, or without its reference run yet, still runs."""
-    write_study(tmp_path, seeds=3, analysis={
+    cells = {"a": {"args": {"algo": "rpg-urkl"}}, "b": {"args": {"algo": "rpg-ufkl"}},
+             "c": {"role": "secondary", "seeds": 1, "args": {"algo": "grpo"}},
+             "r": {"role": "reference", "args": {"algo": "grpo", "steps": 1}}}
+    write_study(tmp_path, seeds=3, cells=cells, analysis={
         "outcome": "p_best", "exclude": {"outcome": "p_best", "below": 0.5, "reference_cell": "r"}})
     spec = S.load_study("toy", tmp_path / "studies")
     jobs = S.jobs_of(spec, tmp_path / "runs")
-    rows = [{"cell": "r", "seed": s, "outcomes": {"p_best": v}, "resumed_from_step": 0,
-             "cpu_s": 1.0} for s, v in [(0, 0.1), (1, 0.5)]]   # seed 2: not measured yet
+    rows = [{"cell": "r", "seed": s, "outcomes": {"p_best": v, "reward": 0.5},
+             "resumed_from_step": 0, "cpu_s": 1.0, "wall_s": 1.0}
+            for s, v in [(0, 0.1), (1, 0.5)]]   # seed 2: not measured yet
     assert S.skipped_keys(spec, jobs, rows) == {("a", 0), ("b", 0), ("c", 0)}
     results = tmp_path / "results" / "toy.jsonl"
     results.parent.mkdir(parents=True)
@@ -86,9 +91,9 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "not run: 3 jobs of the seeds the warm-start rule excludes [0]" in dry.stdout
     pending = [ln.split(":")[0] for ln in dry.stdout.splitlines() if ": python -m" in ln]
-    assert pending == ["a s1", "b s1", "a s2", "b s2"] and "4 of 5 runs" in dry.stdout
+    assert pending == ["a s1", "b s1", "a s2", "b s2", "r s2"] and "5 of 7 runs" in dry.stdout
     st = run(tmp_path, "--status")
-    assert "toy: 1/5 runs done" in st.stdout, st.stdout
+    assert "toy: 2/7 runs done" in st.stdout, st.stdout
     assert "not run: 3 jobs of the seeds the warm-start rule excludes [0]" in st.stdout
 
 
@@ -197,11 +202,10 @@ def test_study_runs_every_job_once_and_records_what_ran(tmp_path):
     assert "toy: 6/6 runs done; about 0.00 CPU-h left" in st.stdout
 
 
-@pytest.mark.slow
-def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
-    """SIGTERM to the runner mid-run: the run stops at a step boundary with a checkpoint, the
-    runner exits without a row; the same command resumes it (--resume) and its outcomes equal
-    those of the same job run without interruption."""
+def runner_at_its_first_checkpoint(tmp_path) -> tuple:
+    """Studies "plain" (run to its end here) and "kill" (its runner started, returned once its
+    one run has a checkpoint): a 300-step bandit run each, checkpoints every 5 steps. Returns
+    the runner's process and a deadline 240 s ahead."""
     common = {"preset": "bandit", "ref": "init", "steps": 300, "group_size": 256,
               "mini_batch_size": 128, "eval_every": 25, "save_every": 5}
     cells = {"a": {"args": {"algo": "rpg-urkl"}}}
@@ -215,6 +219,15 @@ def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
     deadline = time.time() + 240
     while not latest.exists() and time.time() < deadline:
         time.sleep(0.2)
+    return p, deadline
+
+
+@pytest.mark.slow
+def test_killed_study_resumes_and_matches_an_uninterrupted_run(tmp_path):
+    """SIGTERM to the runner mid-run: the run stops at a step boundary with a checkpoint, the
+    runner exits without a row; the same command resumes it (--resume) and its outcomes equal
+    those of the same job run without interruption."""
+    p, _ = runner_at_its_first_checkpoint(tmp_path)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err
@@ -325,3 +338,61 @@ def test_committed_study_files_are_consistent(tmp_path):
             members = c if isinstance(c, str) else c["on"] + c["off"]
             assert set([members] if isinstance(members, str) else members) <= set(cal["cells"])
     S.validate(S.jobs_of(S.load_study("bandit"), tmp_path), tmp_path)
+
+
+BLOCK = '''import sys
+class Absent:  # the quick start's install: no study extra
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in ("scipy", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {top!r}", name=top)
+sys.meta_path.insert(0, Absent())
+'''
+
+
+def test_without_the_study_extra_the_runner_works_and_the_analysis_says_what_to_install(tmp_path):
+    """scipy and matplotlib hidden (a sitecustomize): study.py --status and --dry-run of the
+    committed study A work; analysis.py ends in one line naming the extra to install, exit 2."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    for flag in ("--status", "--dry-run"):
+        r = subprocess.run([sys.executable, str(SMALL_SCALE / "study.py"), "A", flag], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        done = r"^A: \d+/\d+ runs done|^\d+ of \d+ runs pending$"
+        assert re.search(done, r.stdout, re.M), r.stdout
+    r = subprocess.run([sys.executable, str(SMALL_SCALE / "analysis.py"), "--all", "--check"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr == ("analysis.py: matplotlib is not installed: pip install -e '.[study]' (the "
+                        "study extra: scipy, matplotlib)\n"), r.stderr
+
+
+@pytest.mark.slow
+def test_a_run_outliving_a_killed_runner_keeps_its_claim_and_resumes(tmp_path):
+    """SIGKILL to the runner mid-run: its job (a fork of the runner's worker) runs on to its end
+    and holds the job's lock meanwhile (another runner leaves it alone); the next invocation
+    records it (through --resume), with the outcomes of an uninterrupted run."""
+    p, deadline = runner_at_its_first_checkpoint(tmp_path)
+    folder = tmp_path / "runs" / "kill" / "a" / "s0"
+    p.kill()
+    p.communicate(timeout=60)
+    with open(tmp_path / "runs" / "kill" / "a" / "s0.lock", "a") as f:
+        with pytest.raises(BlockingIOError):    # the orphaned run holds the job's claim
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while time.time() < deadline:           # ... until it has ended
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.2)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    assert (folder / "summary.json").exists()
+    assert S.read_rows(tmp_path / "results" / "kill.jsonl") == []
+    r = run(tmp_path, study="kill")
+    assert r.returncode == 0, r.stderr
+    (row,) = S.read_rows(tmp_path / "results" / "kill.jsonl")
+    (ref,) = S.read_rows(tmp_path / "results" / "plain.jsonl")
+    assert row["resumed_from_step"] == 300
+    assert row["outcomes"] == ref["outcomes"]
+    assert row["summary"]["policy"] == ref["summary"]["policy"]

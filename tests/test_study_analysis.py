@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("scipy", reason="the study analysis needs scipy (pip install -e '.[study]')")
 
 import analysis as A  # small_scale/ (on the path: tests/conftest.py)
-import study as S
+import study_files as S
+from study import append_row
 
 
 def test_holm_hand_worked():
@@ -120,7 +121,7 @@ def synthetic_rows(effects: dict, n: int, rng, seed_sd=0.15, noise_sd=0.05, base
         for s in range(n):
             v = base + seed_eff[s] + eff + rng.normal(0, noise_sd)
             rows.append({"cell": cell, "seed": s, "outcomes": {"acc": float(v)},
-                         "cpu_s": 1.0, "wall_s": 1.0})
+                         "cpu_s": 1.0, "wall_s": 1.0, "resumed_from_step": 0})
     return rows
 
 
@@ -143,7 +144,7 @@ def test_planted_effect_is_found_and_a_reversed_one_contradicts():
     off, inter = a["primary"]
     assert off["verdict"] == A.SUPPORTED and inter["verdict"] == A.SUPPORTED
     assert off["lo"] < 0.1 < off["hi"] and inter["lo"] < 0.1 < inter["hi"]
-    v = A.values(rows, "acc")
+    v = S.values(rows, "acc")
     _, d = A.paired_differences(v, A.weights(SPEC["analysis"]["primary"][1]))
     want = [(v["off-a"][s] - v["off-b"][s]) - (v["on-a"][s] - v["on-b"][s]) for s in range(20)]
     np.testing.assert_allclose(d, want, rtol=0, atol=1e-12)
@@ -216,16 +217,17 @@ def cal_rows(cost: dict, floored: dict) -> list:
     rows = []
     for v, c in cost.items():
         for s in range(4):
-            rows.append({"cell": f"on-{v}", "seed": s, "outcomes": {"acc": 0.5}})
             off = 0.0 if s < floored.get(v, 0) else 0.5 * (1 - c)
-            rows.append({"cell": f"off-{v}", "seed": s, "outcomes": {"acc": off}})
+            for cell, acc in ((f"on-{v}", 0.5), (f"off-{v}", off)):
+                rows.append({"cell": cell, "seed": s, "outcomes": {"acc": acc}, "cpu_s": 1.0,
+                             "wall_s": 1.0, "resumed_from_step": 0})
     return rows
 
 
 def test_lr_selection_rule():
     """cost = 1 - sum(off) / sum(on): the eligible candidate nearest 0.4 wins; one whose seeds
     floor too often is not eligible; none inside the range: the nearest, marked outside."""
-    pick = lambda rows: A.select(CAL, rows)["lr"]
+    pick = lambda rows: S.select(CAL, rows)["lr"]
     s = pick(cal_rows({"0.0001": 0.1, "0.0002": 0.3, "0.0004": 0.55}, {}))
     assert s["choice"] == 0.0002 and s["inside_range"] and s["complete"]
     assert abs(s["candidates"]["0.0004"]["score"] - 0.55) < 1e-12
@@ -246,10 +248,10 @@ def test_calibrated_values_refuse_an_incomplete_calibration(tmp_path):
             "cells": CAL["cells"], "analysis": CAL["analysis"]}
     (studies / "calibration.json").write_text(json.dumps(spec))
     with pytest.raises(S.StudyError, match="not complete"):
-        A.calibrated_values(results, studies)
+        S.calibrated_values(results, studies)
     for r in cal_rows({"0.0001": 0.1, "0.0002": 0.3, "0.0004": 0.55}, {}):
-        S.append_row(S.results_path("calibration", results), r)
-    assert A.calibrated_values(results, studies) == {"lr": 0.0002}
+        append_row(S.results_path("calibration", results), r)
+    assert S.calibrated_values(results, studies) == {"lr": 0.0002}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ def test_all_writes_reports_figures_and_results_md_blocks(tmp_path):
     (studies / "syn.json").write_text(json.dumps(spec))
     rng = np.random.default_rng(5)
     for r in synthetic_rows({"on-a": 0.0, "on-b": 0.0, "off-a": -0.1, "off-b": -0.2}, 20, rng):
-        S.append_row(S.results_path("syn", results), r)
+        append_row(S.results_path("syn", results), r)
     md = tmp_path / "RESULTS.md"
     md.write_text(f"# r\n{A.begin('syn')}\n{A.end('syn')}\ntail\n")
     args = ["--all", "--results", str(results), "--studies", str(studies), "--out",

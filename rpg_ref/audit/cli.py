@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from rpg_ref.audit.adapter import BETA, Adapter
-from rpg_ref.audit.core import HORIZONS, Policies
+from rpg_ref.audit.core import HORIZONS, LossFailed, Policies
 from rpg_ref.audit.report import LEGEND, LEGEND_MORE, format_table, to_markdown
 from rpg_ref.audit.run import audit
 
@@ -103,8 +103,9 @@ def user_adapter(spec: str, beta: float, level: str) -> Adapter:
             f"--loss {spec}: must return a scalar tensor, got "
             f"{type(out).__name__}{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}"
         )
-    if not bool(torch.isfinite(out).all()):
-        raise UserError(f"--loss {spec}: returned {float(out)} on a finite batch")
+    if not bool(torch.isfinite(out.detach()).all()):
+        raise UserError(f"--loss {spec}: returned {float(out.detach())} on a finite [{B}, {H}] "
+                        f"batch")
     name = spec.rpartition(":")[2]
     return Adapter(name, loss, beta, "user", True, level, f"--loss {spec}")
 
@@ -225,8 +226,10 @@ def main(argv=None) -> int:
         ap.exit(2, f"rpg-audit: error: {err}\n")
     try:
         objectives = dict(user_objective(s) for s in args.objective)
+        flags = {}  # id(adapter) -> "--loss SPEC": how a message names the user's loss
         if args.loss:
             adapters, notes = [user_adapter(s, args.beta, args.level) for s in args.loss], []
+            flags = {id(a): f"--loss {s}" for a, s in zip(adapters, args.loss)}
         else:
             from rpg_ref.audit.adapters import all_adapters
             adapters, notes = all_adapters()
@@ -243,6 +246,9 @@ def main(argv=None) -> int:
     try:
         rows = audit(adapters, tuple(sorted(set(args.horizons))), args.seed, policies, objectives,
                      fit=not args.no_fit, progress=Ticker())
+    except LossFailed as e:  # raised, or not a finite scalar, on one of the audit's batches
+        who = flags.get(id(e.adapter), e.adapter.name)
+        ap.exit(2, f"rpg-audit: error: {who} {e.detail}\n")
     except ValueError as e:  # a loss the audit cannot judge, or unreachable --max-ratio
         ap.exit(2, f"rpg-audit: error: {e}\n")
     except Exception as e:                     # the user's own code failing mid-audit

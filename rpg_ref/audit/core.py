@@ -174,10 +174,48 @@ def make_problem(setting: Setting, horizon: int, seed: int = 0,
 # exact expected gradient of a loss
 # ---------------------------------------------------------------------------
 
+class LossFailed(ValueError):
+    """The audited loss raised, or returned or differentiated to something that is not a finite
+    scalar, on one batch: ``str`` is one line naming the loss, the batch's shape and what came
+    back (a NaN fed on would end in a linear solver's error far from its cause)."""
+
+    def __init__(self, adapter: Adapter, logp: Tensor, what: str, why: str = ""):
+        self.adapter = adapter
+        self.detail = (f"{what} on a {list(logp.shape)} batch (log-probs and mask "
+                       f"{list(logp.shape)}, advantages [{len(logp)}])"
+                       + (f": {why}" if why else
+                          "; the audit needs a finite loss and gradient on every batch"))
+        super().__init__(f"{adapter.name}: {self.detail}")
+
+
 def _call(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor, rows=slice(None)) -> Tensor:
-    return adapter.loss(
-        logp, prob.old_tok[rows], prob.ref_tok[rows], adv[rows], torch.ones_like(logp)
-    )
+    """The loss on one batch, checked: a finite scalar tensor, else LossFailed."""
+    try:
+        out = adapter.loss(
+            logp, prob.old_tok[rows], prob.ref_tok[rows], adv[rows], torch.ones_like(logp)
+        )
+    except Exception as e:  # noqa: BLE001 -- the audited loss is another author's code
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise LossFailed(adapter, logp, f"raised {type(e).__name__}", first or "(no message)"
+                         ) from None
+    if not (isinstance(out, Tensor) and out.numel() == 1 and out.is_floating_point()):
+        got = (f"a {out.dtype} tensor of shape {list(out.shape)}" if isinstance(out, Tensor)
+               else type(out).__name__)
+        raise LossFailed(adapter, logp, f"returned {got}, not a floating scalar tensor,")
+    value = float(out.detach())
+    if not math.isfinite(value):
+        raise LossFailed(adapter, logp, f"returned {value}")
+    return out
+
+
+def _finite_grad(adapter: Adapter, out: Tensor, leaf: Tensor) -> Tensor | None:
+    """d out / d leaf (None where the loss does not use it); LossFailed where it is not finite."""
+    (g,) = torch.autograd.grad(out, leaf, allow_unused=True)
+    if g is not None and not bool(torch.isfinite(g).all()):
+        bad = float(g[~torch.isfinite(g)][0])
+        raise LossFailed(adapter, leaf,
+                         f"returned {float(out.detach()):.6g} but its gradient holds {bad}")
+    return g
 
 
 def response_grads(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor) -> Tensor:
@@ -188,7 +226,7 @@ def response_grads(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor) -
     out = _call(adapter, prob, leaf, adv)
     if not out.requires_grad:
         return torch.zeros_like(leaf)
-    (g,) = torch.autograd.grad(out, leaf, allow_unused=True)
+    g = _finite_grad(adapter, out, leaf)
     return torch.zeros_like(leaf) if g is None else g.to(DTYPE) * len(leaf)
 
 
@@ -243,7 +281,7 @@ def loss_precision(adapter: Adapter, prob: Problem) -> torch.dtype:
         for adv in (prob.R, torch.zeros_like(prob.R)):
             out = _call(adapter, prob, tok, adv)
             if out.requires_grad:
-                torch.autograd.grad(out, tok, allow_unused=True)
+                _finite_grad(adapter, out, tok)
     return mode.lowest
 
 
@@ -263,7 +301,7 @@ def check_mean_over_responses(adapter: Adapter, prob: Problem, tol: float = MATC
     for y in range(len(tok)):
         leaf = tok[y:y + 1].detach().clone().requires_grad_(True)
         out = _call(adapter, prob, leaf, prob.R, slice(y, y + 1))
-        g = torch.autograd.grad(out, leaf, allow_unused=True)[0] if out.requires_grad else None
+        g = _finite_grad(adapter, out, leaf) if out.requires_grad else None
         single = torch.zeros_like(leaf[0]) if g is None else g[0].to(DTYPE)
         diff = float((single - batched[y]).abs().max())
         if diff > tol * max(1.0, float(single.abs().max())):
@@ -311,9 +349,11 @@ def candidate_grads(
     )
     out["no-kl"] = torch.zeros_like(out["tok-rkl"])
     for name, D in (objectives or {}).items():
-        out[f"user:{name}"] = _grad(
-            lambda th, D=D: D(prob.tokens(th), prob.old_tok, prob.ref_tok), prob.theta
-        )
+        g = _grad(lambda th, D=D: D(prob.tokens(th), prob.old_tok, prob.ref_tok), prob.theta)
+        if not bool(torch.isfinite(g).all()):   # a NaN would reach the combination fit's solver
+            raise ValueError(f"objective {name}: its gradient is not finite on the "
+                             f"{list(prob.old_tok.shape)} log-probs of every response")
+        out[f"user:{name}"] = g
     return out
 
 

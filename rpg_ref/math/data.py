@@ -124,9 +124,12 @@ def _read_rows(path: Path):
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line.rstrip("\r\n"))  # columns of this line alone
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                    # json's msg ends "... at" where its own text goes on with the position
+                    what = e.msg.removesuffix(" at").removesuffix(" starting")
+                    raise ValueError(f"{path}:{lineno}: invalid JSON at column {e.colno} ({what})"
+                                     ) from None
                 yield f"{path}:{lineno}", row
     elif suffix == ".parquet":
         try:

@@ -1,0 +1,206 @@
+"""A study's files and the pre-registered rules the runner itself applies: the study file
+(small_scale/studies/<study>.json, checked), its results rows (small_scale/results/<study>.jsonl,
+checked against it: paper_figs/study_rows.py), which seeds the warm-start rule excludes, and the
+values the calibration study chose. study.py (the runner) and analysis.py (the statistics) both
+read these; nothing here needs scipy or matplotlib.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from paper_figs.study_rows import read_study_rows, row_problem
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+STUDIES = HERE / "studies"
+RESULTS = HERE / "results"
+SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "seed_flags", "cells",
+             "outcomes", "series", "analysis", "groups"}
+CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
+ROLES = ("primary", "secondary", "reference")
+RESERVED = {"seed", "init_seed", "out", "resume", "cache_dir", "threads", "progress"}
+REDUCERS = ("last", "mean", "first", "max", "min")
+
+
+class StudyError(ValueError):
+    """A bad study file, flag or results file: one line for the user, exit code 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the study file
+# ----------------------------------------------------------------------------------------------
+
+def study_path(name: str, studies=STUDIES) -> Path:
+    path = Path(studies) / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in Path(studies).glob("*.json"))
+        raise StudyError(f"no study {name!r} ({path} not found); studies: {', '.join(have)}")
+    return path
+
+
+def load_study(name: str, studies=STUDIES) -> dict:
+    """The study file, checked: known keys, cells with flags the runner does not set, outcomes
+    with a known reducer. Each cell gets its "seeds" (count) and "role" filled in."""
+    path = study_path(name, studies)
+    try:
+        spec = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise StudyError(f"{path}: not JSON ({e})") from None
+    bad = set(spec) - SPEC_KEYS
+    missing = {"common", "seeds", "cells", "outcomes"} - set(spec)
+    if bad or missing:
+        raise StudyError(f"{path}: unknown keys {sorted(bad)}, missing keys {sorted(missing)}")
+    spec.setdefault("seed_flags", ["seed"])
+    spec.setdefault("series", {"keys": [], "every": 1})
+    if not spec["cells"]:
+        raise StudyError(f"{path}: no cells")
+    for where, args in [("common", spec["common"])] + [
+            (f"cell {c!r}", cell.get("args", {})) for c, cell in spec["cells"].items()]:
+        if RESERVED & set(args):
+            raise StudyError(f"{path}: {where} sets {sorted(RESERVED & set(args))}: the runner "
+                             f"sets those (seeds through seed_flags)")
+    for c, cell in spec["cells"].items():
+        if set(cell) - CELL_KEYS:
+            raise StudyError(f"{path}: cell {c!r} has unknown keys {sorted(set(cell) - CELL_KEYS)}")
+        cell.setdefault("role", "primary")
+        cell.setdefault("seeds", spec["seeds"])
+        if cell["role"] not in ROLES:
+            raise StudyError(f"{path}: cell {c!r}: role must be one of {ROLES}")
+        if not (isinstance(cell["seeds"], int) and cell["seeds"] >= 1):
+            raise StudyError(f"{path}: cell {c!r}: seeds must be an integer >= 1")
+    for o, rule in spec["outcomes"].items():
+        if rule.get("reduce") not in REDUCERS or "key" not in rule:
+            raise StudyError(f"{path}: outcome {o!r} needs a key and a reduce in {REDUCERS}")
+    if set(spec["seed_flags"]) - {"seed", "init_seed"}:
+        raise StudyError(f"{path}: seed_flags may hold 'seed' and 'init_seed' only")
+    spec["name"] = name
+    spec["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return spec
+
+
+# ----------------------------------------------------------------------------------------------
+# the results file
+# ----------------------------------------------------------------------------------------------
+
+def results_path(study: str, results=RESULTS) -> Path:
+    return Path(results) / f"{study}.jsonl"
+
+
+def read_rows(path: Path, spec: dict | None = None, report_torn: bool = True) -> list[dict]:
+    """The rows of a results file ([] when there is none), checked against the study file
+    ``spec`` (paper_figs/study_rows.py says what a row must hold); a StudyError naming file:line
+    and the field for a bad one. A torn last line is left out, and said on stderr (report_torn)."""
+    try:
+        return read_study_rows(path, spec, **({} if report_torn else {"on_torn": None}))
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+
+
+def check_row(row: dict, spec: dict) -> None:
+    """A row the runner is about to append meets what every reader asks of it (the same rule);
+    else a StudyError: a run whose outcomes are not data is not written as data."""
+    problem = row_problem(row, spec, {}, 0)
+    if problem:
+        raise StudyError(f"{row['cell']} s{row['seed']}: its results row would not be data: "
+                         f"{problem}")
+
+
+def values(rows: list[dict], outcome: str) -> dict:
+    """{cell: {seed: outcome value}} (runs whose outcome is None are left out)."""
+    out = {}
+    for r in rows:
+        v = r["outcomes"].get(outcome)
+        if v is not None:
+            out.setdefault(r["cell"], {})[r["seed"]] = float(v)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the pre-registered rules the runner applies
+# ----------------------------------------------------------------------------------------------
+
+def excluded_seeds(rows: list[dict], rule: dict | None) -> list:
+    """The seeds the study's pre-registered ``exclude`` rule drops from every table and test:
+    those whose reference-cell outcome (the warm start, measured before any RL step, so no cell
+    can influence it) is below ``below``."""
+    if not rule:
+        return []
+    ref = values(rows, rule["outcome"]).get(rule["reference_cell"], {})
+    return sorted(s for s, v in ref.items() if v < rule["below"])
+
+
+def select(spec: dict, rows: list[dict]) -> dict:
+    """Each pre-registered choice of the calibration study (its analysis.select):
+
+    "lr": cost(lr) = 1 - sum of off-policy outcomes / sum of the paired on-policy outcomes (over
+      methods and seeds); floored = fraction of off-policy runs whose outcome is below ``floor``.
+      Eligible: cost within ``range`` and floored <= ``max_floored``; the choice is the eligible
+      candidate whose cost is nearest ``target`` (the smaller value on a tie). None eligible: the
+      candidate nearest ``target`` among those with floored <= max_floored, marked
+      "outside the range"; none of those: no choice (the grid must be extended).
+    "share" (beta): share = value * mean over seeds of (kl * length / reward) at the end of
+      training, the regularizer's part of the objective; the choice is the candidate whose share
+      is nearest ``target`` within ``range`` (the same fallback).
+    Complete: every cell of the study has all its planned seeds but those of the study's
+    ``exclude`` rule, which do not count in any score (study.py does not run them)."""
+    done = {(r["cell"], r["seed"]) for r in rows}
+    dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
+    complete = all((c, s) in done for c, cell in spec["cells"].items()
+                   for s in range(cell["seeds"]) if s not in dropped)
+    rows = [r for r in rows if r["seed"] not in dropped]
+    out = {}
+    for name, rule in spec["analysis"]["select"].items():
+        cands = {}
+        for value, cells in rule["candidates"].items():
+            if rule["rule"] == "offpolicy-cost":
+                on, off = values(rows, rule["outcome"]), values(rows, rule["outcome"])
+                pairs = [(on[a][s], off[b][s]) for a, b in zip(cells["on"], cells["off"])
+                         for s in sorted(set(on.get(a, {})) & set(off.get(b, {})))]
+                if not pairs:
+                    continue
+                son, soff = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+                cost = 1 - soff / son if son > 0 else math.nan
+                floored = np.mean([p[1] < rule["floor"] for p in pairs])
+                cands[value] = {"score": cost, "floored": float(floored), "n": len(pairs)}
+            elif rule["rule"] == "kl-share":
+                got = [r for r in rows if r["cell"] == cells]
+                sh = [float(value) * r["outcomes"][rule["kl"]] * r["outcomes"][rule["length"]]
+                      / r["outcomes"][rule["reward"]] for r in got
+                      if r["outcomes"][rule["reward"]]]
+                if sh:
+                    cands[value] = {"score": float(np.mean(sh)), "floored": 0.0, "n": len(sh)}
+            else:
+                raise ValueError(f"unknown selection rule {rule['rule']!r}")
+        lo, hi = rule["range"]
+        ok = {v: c for v, c in cands.items() if c["floored"] <= rule.get("max_floored", 1.0)}
+        inside = {v: c for v, c in ok.items() if lo <= c["score"] <= hi}
+        pool = inside or ok
+        choice = min(pool, key=lambda v: (abs(pool[v]["score"] - rule["target"]), float(v)),
+                     default=None)
+        out[name] = {"candidates": cands, "complete": complete,
+                     "choice": float(choice) if choice is not None else None,
+                     "inside_range": bool(inside)}
+    return out
+
+
+def calibrated_values(results=RESULTS, studies=STUDIES) -> dict:
+    """{name: value} the calibration study chose (study.py substitutes them); a StudyError while
+    the calibration is incomplete or chose nothing."""
+    spec = load_study("calibration", studies)
+    rows = read_rows(results_path("calibration", results), spec, report_torn=False)
+    got = {}
+    for name, s in select(spec, rows).items():
+        if not s["complete"]:
+            raise StudyError(f"the calibration study is not complete ({len(rows)} runs); "
+                             f"finish it first: python small_scale/study.py calibration")
+        if s["choice"] is None:
+            raise StudyError(f"the calibration chose no {name}: no candidate met its rule; "
+                             f"extend the grid in small_scale/studies/calibration.json")
+        got[name] = s["choice"]
+    return got
