@@ -56,10 +56,11 @@ def row_problem(row, spec: dict | None, seen: dict, line: int) -> str | None:
         return None
     if cell not in spec["cells"]:
         return f"cell {cell!r} is not a cell of study {spec.get('name', '?')}"
+    first = spec.get("first_seed", 0)
     planned = spec["cells"][cell].get("seeds", spec["seeds"])
-    if not 0 <= seed < planned:
+    if not first <= seed < first + planned:
         return f"seed {seed} of cell {cell!r} is not planned (the study file plans seeds " \
-               f"0-{planned - 1})"
+               f"{first}-{first + planned - 1})"
     outcomes = row.get("outcomes")
     if not isinstance(outcomes, dict):
         return "no outcomes object"

@@ -248,7 +248,7 @@ def analyse(spec: dict, rows: list[dict]) -> dict:
         v = np.asarray([x for x in v if x is not None], float)
         out["cells"][cell] = {
             "label": spec["cells"][cell].get("label", cell), "n": len(mine),
-            "planned": sum(s not in dropped for s in range(spec["cells"][cell]["seeds"])),
+            "planned": sum(s not in dropped for s in S.planned_seeds(spec, cell)),
             "mean": float(v.mean()) if len(v) else None,
             "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
             "cpu_s": float(np.mean([r["cpu_s"] for r in mine])) if mine else None}

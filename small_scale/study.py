@@ -68,6 +68,7 @@ from study_files import (
     check_row,
     excluded_seeds,
     load_study,
+    planned_seeds,
     read_rows,
     results_path,
 )
@@ -128,9 +129,10 @@ def jobs_of(spec: dict, runs=RUNS, calibrated: dict | None = None,
     out = []
     for roles in (("reference", "primary"), ("secondary",)):
         group = [c for c in names if spec["cells"][c]["role"] in roles]
-        for s in range(max([spec["cells"][c]["seeds"] for c in group], default=0)):
+        seeds = sorted({s for c in group for s in planned_seeds(spec, c)})
+        for s in seeds:
             for c in group:
-                if s >= spec["cells"][c]["seeds"]:
+                if s not in planned_seeds(spec, c):
                     continue
                 args = resolve_calibrated({**spec["common"], **spec["cells"][c].get("args", {})},
                                           calibrated)
@@ -520,10 +522,10 @@ def main(argv: list | None = None) -> int:
                 raise StudyError(f"no cells {sorted(set(cells) - set(spec['cells']))}; cells: "
                                  f"{list(spec['cells'])}")
             jobs = [Job(c, s, [], run_folder(a.runs, a.study, c, s)) for c in cells
-                    for s in range(spec["cells"][c]["seeds"])]
+                    for s in planned_seeds(spec, c)]
         else:
             if needs_calibration(spec):
-                calibrated = calibrated_values(a.results, a.studies)
+                calibrated = calibrated_values(a.results, a.studies, spec["calibration"])
             jobs = jobs_of(spec, a.runs, calibrated, a.cells)
             validate(jobs, Path(a.runs))
     except StudyError as e:

@@ -20,7 +20,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 STUDIES = HERE / "studies"
 RESULTS = HERE / "results"
-SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "seed_flags", "cells",
+SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "first_seed", "calibration",
+             "seed_flags", "cells",
              "outcomes", "series", "analysis", "groups"}
 CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
 ROLES = ("primary", "secondary", "reference")
@@ -58,6 +59,10 @@ def load_study(name: str, studies=STUDIES) -> dict:
         raise StudyError(f"{path}: unknown keys {sorted(bad)}, missing keys {sorted(missing)}")
     spec.setdefault("seed_flags", ["seed"])
     spec.setdefault("series", {"keys": [], "every": 1})
+    spec.setdefault("first_seed", 0)
+    spec.setdefault("calibration", "calibration")
+    if type(spec["first_seed"]) is not int or spec["first_seed"] < 0:
+        raise StudyError(f"{path}: first_seed must be an integer >= 0")
     if not spec["cells"]:
         raise StudyError(f"{path}: no cells")
     for where, args in [("common", spec["common"])] + [
@@ -87,6 +92,14 @@ def load_study(name: str, studies=STUDIES) -> dict:
 # ----------------------------------------------------------------------------------------------
 # the results file
 # ----------------------------------------------------------------------------------------------
+
+def planned_seeds(spec: dict, cell: str) -> range:
+    """The seeds a cell runs: its ``seeds`` count from the study's ``first_seed`` (default 0; a
+    calibration on other seeds than the study it calibrates chooses nothing from that study's
+    own draws)."""
+    first = spec.get("first_seed", 0)
+    return range(first, first + spec["cells"][cell].get("seeds", spec["seeds"]))
+
 
 def results_path(study: str, results=RESULTS) -> Path:
     return Path(results) / f"{study}.jsonl"
@@ -151,8 +164,8 @@ def select(spec: dict, rows: list[dict]) -> dict:
     ``exclude`` rule, which do not count in any score (study.py does not run them)."""
     done = {(r["cell"], r["seed"]) for r in rows}
     dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
-    complete = all((c, s) in done for c, cell in spec["cells"].items()
-                   for s in range(cell["seeds"]) if s not in dropped)
+    complete = all((c, s) in done for c in spec["cells"]
+                   for s in planned_seeds(spec, c) if s not in dropped)
     rows = [r for r in rows if r["seed"] not in dropped]
     out = {}
     for name, rule in spec["analysis"]["select"].items():
@@ -189,18 +202,19 @@ def select(spec: dict, rows: list[dict]) -> dict:
     return out
 
 
-def calibrated_values(results=RESULTS, studies=STUDIES) -> dict:
-    """{name: value} the calibration study chose (study.py substitutes them); a StudyError while
-    the calibration is incomplete or chose nothing."""
-    spec = load_study("calibration", studies)
-    rows = read_rows(results_path("calibration", results), spec, report_torn=False)
+def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibration") -> dict:
+    """{name: value} the calibration study ``study`` chose (study.py substitutes them into the
+    studies whose "calibration" names it); a StudyError while it is incomplete or chose
+    nothing."""
+    spec = load_study(study, studies)
+    rows = read_rows(results_path(study, results), spec, report_torn=False)
     got = {}
     for name, s in select(spec, rows).items():
         if not s["complete"]:
-            raise StudyError(f"the calibration study is not complete ({len(rows)} runs); "
-                             f"finish it first: python small_scale/study.py calibration")
+            raise StudyError(f"the calibration study {study} is not complete ({len(rows)} runs); "
+                             f"finish it first: python small_scale/study.py {study}")
         if s["choice"] is None:
             raise StudyError(f"the calibration chose no {name}: no candidate met its rule; "
-                             f"extend the grid in small_scale/studies/calibration.json")
+                             f"extend the grid in small_scale/studies/{study}.json")
         got[name] = s["choice"]
     return got
