@@ -1,4 +1,4 @@
-"""torchrun data parallelism (rpg_ref/trainer/distributed.py) on 2 CPU ranks with gloo.
+"""torchrun data parallelism (rpg_ref/trainer/distributed/) on 2 CPU ranks with gloo.
 
 Each torchrun launch costs seconds, so they are shared: one launch of tests/distributed_worker.py
 (update equivalence, bytes per rank), one 2-rank bandit run (the regularized optimum, and the
@@ -28,8 +28,8 @@ pytest.importorskip("safetensors")
 from tiny_runs import tiny_math_argv
 
 from rpg_ref import cli
-from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer import presets, train
+from rpg_ref.trainer.config_checks import check_job
 
 pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[1]
@@ -252,7 +252,7 @@ def interrupted_save_model(model, path, *a, **kw):
         time.sleep(1.0)  # the rank's own SIGTERM arrives meanwhile
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = interrupted_save_model
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 
@@ -305,7 +305,7 @@ def kill_peer_save_model(model, path, *a, **kw):
         time.sleep(3.0)
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = kill_peer_save_model
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 
@@ -375,12 +375,12 @@ def test_configurations_that_cannot_be_split_are_refused():
     """A batch or mini-batch not divisible by the number of ranks, or a per-rank mini-batch not
     divisible into micro-batches, is refused with the fix named."""
     cfg = cli.parse_config(["--task", "bandit"])  # 1 prompt x 512, mini-batch 128
-    D.check_config(cfg, n_ranks=2)  # fine: groups may span ranks
+    check_job(cfg, n_ranks=2)  # fine: groups may span ranks
     with pytest.raises(ValueError, match="divisible by 3"):
-        D.check_config(cfg, n_ranks=3)
+        check_job(cfg, n_ranks=3)
     cfg.micro_batch_size = 48
     with pytest.raises(ValueError, match="each rank's mini-batch"):
-        D.check_config(cfg, n_ranks=2)
+        check_job(cfg, n_ranks=2)
 
 
 def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
@@ -476,7 +476,7 @@ import os, sys, torch
 from rpg_ref.cli import main
 from rpg_ref.engines.sample import SampleEngine
 from rpg_ref.registry import ENGINES
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 calls = []
 class Recording(SampleEngine):
     def generate(self, *args):

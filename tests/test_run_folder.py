@@ -26,7 +26,7 @@ import torch
 pytest.importorskip("safetensors")
 
 from rpg_ref import cli
-from rpg_ref.trainer import checkpoint, metrics, run_folder
+from rpg_ref.trainer import checkpoint, errors, metrics, run_folder, sampler_lag
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress",
           "--threads", "1", "--lr-decay", "constant"]
@@ -192,7 +192,7 @@ def test_a_forked_child_does_not_keep_a_killed_runs_lock(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", LOCK_AND_FORK, str(out)], stdout=subprocess.PIPE,
                          text=True)
     assert p.stdout.readline().strip() == "held"
-    with pytest.raises(run_folder.FolderBusy, match=f"PID {p.pid} on"):
+    with pytest.raises(errors.FolderBusy, match=f"PID {p.pid} on"):
         run_folder.claim(out)
     children = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
     p.send_signal(signal.SIGKILL)
@@ -308,10 +308,16 @@ CHECKPOINT_FILES = ["model.safetensors", "optimizer.pt", "rng.pt", "state.json",
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_FILES)
-def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, capsys, name):
+def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, capsys, monkeypatch,
+                                                                  name):
     """One bit flipped in any file of the latest checkpoint: resume says so in one line naming
     the file and continues from the newest intact checkpoint (step 15); steps 16-20 are computed
-    again and equal the original run's, bitwise."""
+    again and equal the original run's, bitwise. The engine's part of the checkpoint is restored
+    from that same checkpoint."""
+    restored = []
+    restore = sampler_lag.OnPolicy.restore
+    monkeypatch.setattr(sampler_lag.OnPolicy, "restore",
+                        lambda self, policy, ck: restored.append(ck) or restore(self, policy, ck))
     flip_bit(ck(run, 20) / name)
     assert cli.main(["--resume", str(run), "--steps", "22"]) == 0
     err = one_line(capsys.readouterr().err)
@@ -320,7 +326,7 @@ def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, cap
     assert steps(run) == list(range(1, 23))
     assert strip(rows(run)[:20]) == strip(rows(base))
     # where files a feature adds to a checkpoint are read on resume: the same step as the weights
-    assert checkpoint.latest_checkpoint(run) == ck(run, 15)
+    assert restored == [ck(run, 15)]
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng.pt"])
@@ -518,9 +524,9 @@ def test_watch_stops_at_a_non_finite_row_and_warns_once_on_zero_gradients(capsys
     assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0]
     assert "--grad-clip" not in err[0]  # clipping is on: only the learning rate is named
     w.check({**row, "loss": float("nan"), "grad_norm": float("nan"), "updates": 0})  # no update
-    with pytest.raises(metrics.Diverged, match=r"step 9: loss is nan: .*lower --lr \(now 0.5\)"):
+    with pytest.raises(errors.Diverged, match=r"step 9: loss is nan: .*lower --lr \(now 0.5\)"):
         w.check({**row, "step": 9, "loss": float("nan")})
-    with pytest.raises(metrics.Diverged, match=r"step 9: grad_norm is inf"):
+    with pytest.raises(errors.Diverged, match=r"step 9: grad_norm is inf"):
         w.check({**row, "step": 9, "grad_norm": float("inf")})
 
 

@@ -32,7 +32,7 @@ from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.tasks.bandit import kl_regularized_optimum
 from rpg_ref.trainer import config, presets, train
-from rpg_ref.trainer.distributed import Workers
+from rpg_ref.trainer.distributed.workers import Workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -432,7 +432,7 @@ def killed_save_model(model, path, *a, **kw):
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = killed_save_model
 from rpg_ref.cli import main
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 

@@ -36,7 +36,7 @@ bar, and the memory probes.
     peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
     eval_*                 task evaluation (every --eval-every steps and at the end)
 
-Under torchrun (rpg_ref/trainer/distributed.py) every value covers all ranks' responses; time_* are
+Under torchrun (rpg_ref/trainer/distributed/) every value covers all ranks' responses; time_* are
 rank 0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 """
 
@@ -53,8 +53,9 @@ import torch
 from torch import nn
 
 from rpg_ref.strict_json import dumps, loads, step_rows
-from rpg_ref.trainer import distributed as D
-from rpg_ref.trainer.checkpoint import ResumeError, atomic_write
+from rpg_ref.trainer.collectives import is_main, max_over_ranks
+from rpg_ref.trainer.errors import Diverged, ResumeError, flag_advice
+from rpg_ref.trainer.files import atomic_write
 
 
 class MetricsLog:
@@ -130,16 +131,6 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(out)
 
 
-class Diverged(RuntimeError):
-    """Training produced non-finite values: the run stops (one line naming the step and flags)."""
-
-
-def flag_advice(cfg) -> str:
-    """The flags that most often make a run diverge, with their values."""
-    clip = "" if cfg.grad_clip > 0 else f" or set --grad-clip > 0 (now {cfg.grad_clip:g}: off)"
-    return f"lower --lr (now {cfg.lr:g}){clip}"
-
-
 def failure_line(e: BaseException, out: Path, cfg, params) -> str | None:
     """One line for an error raised inside a step because values became non-finite (a sampler or
     a loss refusing NaN log-probs after an update blew the weights up); None for other errors."""
@@ -185,7 +176,7 @@ class Watch:
             self.zero.append(row["step"])
         else:
             self.zero = []
-        if len(self.zero) >= self.ZERO_STEPS and not self.warned and D.is_main():
+        if len(self.zero) >= self.ZERO_STEPS and not self.warned and is_main():
             self.warned = True
             print(f"rpg-train: warning: steps {self.zero[0]}-{self.zero[-1]}: every update had a "
                   f"zero gradient (mean reward {row['reward']:.3g}, entropy "
@@ -235,7 +226,7 @@ class Progress:
 def peak_memory_mb(device: torch.device) -> float:
     """Peak memory in MiB: CUDA max allocated on GPU; on CPU the process's peak RSS (VmHWM). Under
     torchrun the largest rank's (every rank calls this: a collective)."""
-    return D.max_over_ranks(_peak_memory_mb(device))
+    return max_over_ranks(_peak_memory_mb(device))
 
 
 def _peak_memory_mb(device: torch.device) -> float:

@@ -24,9 +24,10 @@ model lives in memory. ``--ref init`` keeps a frozen copy of the initial policy 
 setting): a second model. Losses and advantages are imported, never re-implemented here.
 
 The loop is single-process code over the step's whole batch. Under torchrun the ranks split the
-work inside the calls to rpg_ref/trainer/distributed.py (``Workers``: sampling, scoring,
-evaluation and the final policy; ``map_rows``: log-probs; ``from_main``, ``micro_batches``,
-``sum_over_ranks``: the update); with one process each of them is the plain call.
+work inside the calls of rpg_ref/trainer/distributed/workers.py (``Workers``: sampling, scoring,
+evaluation and the final policy; ``map_rows``: log-probs; ``rank_micro_batches``: the update)
+and meet in rpg_ref/trainer/collectives.py (``from_main``, ``sum_over_ranks``); with one process
+each of them is the plain call.
 
 Everything else lives next door: the flags in rpg_ref/trainer/config.py and rpg_ref/cli.py, the
 presets in rpg_ref/trainer/presets.py, what a task or an engine must provide in
@@ -56,15 +57,18 @@ from rpg_ref.interfaces import Batch, Prompt, collate, init_seed
 from rpg_ref.models.logprobs import micro_batches, token_logprobs
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import dumps, loads
-from rpg_ref.trainer import distributed
 from rpg_ref.trainer.checkpoint import (
-    atomic_write,
     checkpoint_state,
     latest_step,
     load_checkpoint,
     save_checkpoint,
 )
+from rpg_ref.trainer.collectives import from_main, sum_over_ranks
 from rpg_ref.trainer.config import Config, loss_options, resolved_adv
+from rpg_ref.trainer.distributed.setup import Rank, agree, all_set_up, join
+from rpg_ref.trainer.distributed.sharding import shard
+from rpg_ref.trainer.distributed.workers import Workers, map_rows, rank_micro_batches
+from rpg_ref.trainer.files import atomic_write
 from rpg_ref.trainer.interrupts import signals_deferred
 from rpg_ref.trainer.metrics import (
     MetricsLog,
@@ -74,7 +78,7 @@ from rpg_ref.trainer.metrics import (
     peak_memory_mb,
 )
 from rpg_ref.trainer.rollout_correction import weights_for_batch
-from rpg_ref.trainer.sampler_lag import build_engine, checkpoint_files
+from rpg_ref.trainer.sampler_lag import OnPolicy, build_engine
 from rpg_ref.trainer.shaping import overlong_penalty
 
 # =============================================================================================
@@ -160,7 +164,7 @@ def batch_logprobs(model: nn.Module, b: Batch, cfg: Config,
                 ent[idx, : e.shape[1]] = e
         return logp, ent
 
-    return distributed.map_rows(rows_logprobs, b, model)
+    return map_rows(rows_logprobs, b, model)
 
 
 # =============================================================================================
@@ -186,7 +190,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
     n_upd, early, train_tokens = 0, False, 0
     while n_upd < K and not early:
         # [N] one order for every rank (rank 0's draw): the ranks share each mini-batch
-        perm = distributed.from_main(torch.randperm(N)).to(b.mask.device)
+        perm = from_main(torch.randperm(N)).to(b.mask.device)
         for j in range(min(per_pass, K - n_upd)):
             mb = b.index(perm[j * M : (j + 1) * M])  # [M] rows
             opt.zero_grad(set_to_none=True)
@@ -194,8 +198,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
             mb_stats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
             # padding cut per micro-batch; torchrun: this rank's share of mb (and as many
             # micro-batches on every rank: FSDP's collectives are per pass)
-            for ub, live in distributed.micro_batches(mb, cfg.micro_batch_size,
-                                                      cfg.micro_batch_tokens):
+            for ub, live in rank_micro_batches(mb, cfg.micro_batch_size, cfg.micro_batch_tokens):
                 # [mu, T']
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)
                 loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
@@ -208,7 +211,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
                 mb_stats["loss"] += float(loss.detach()) * frac
                 for k in STAT_KEYS:
                     mb_stats[k] += float(stats[k]) * frac
-            mb_stats = distributed.sum_over_ranks(mb_stats)  # torchrun: the ranks' shares add up
+            mb_stats = sum_over_ranks(mb_stats)  # torchrun: the ranks' shares add up
             window.append(mb_stats["kl_old"])
             if sum(window) / len(window) > cfg.kappa:  # trust region left: this step is not applied
                 early = True
@@ -255,11 +258,11 @@ def seed_everything(seed: int) -> None:
 class Run(NamedTuple):
     """Everything the loop needs; built by ``prepare`` before anything is written."""
 
-    rank: distributed.Rank  # this process: its device; under torchrun its rank and the world size
+    rank: Rank  # this process: its device; under torchrun its rank and the world size
     task: Any  # rpg_ref.interfaces.Task
     policy: nn.Module  # pi_theta; pi_old lives on as stored log-probs
     ref: nn.Module | None  # pi_ref (--ref init), else None: pi_ref = pi_old
-    engine: Any  # rpg_ref.interfaces.Engine
+    engine: OnPolicy  # the Engine protocol, and the engine's part of a checkpoint (sampler_lag)
     opt: torch.optim.Optimizer
     gen: torch.Generator  # the prompt stream
     loss: LossOptions  # the loss's options, resolved once (rpg_ref.trainer.config.loss_options)
@@ -267,12 +270,27 @@ class Run(NamedTuple):
 
 def prepare(cfg: Config) -> Run:
     """Build the task (reads its data), the policy (loads its model), pi_ref, the engine and the
-    optimizer. A bad input raises ValueError here, before OUT is created."""
-    rank = distributed.init(cfg, torch.device(  # torchrun: join the group, cuda:LOCAL_RANK
-        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device))
-    device = rank.device
+    optimizer. A bad input raises ValueError here, before OUT is created (torchrun: on every rank,
+    at once)."""
+    rank = join(cfg)  # torchrun: the process group, cuda:LOCAL_RANK
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    engine_cls, task, policy, ref = agree(lambda: build(cfg, rank.device))
+    engine = build_engine(engine_cls, policy, task, cfg)  # --sampler-lag K: K updates old
+    policy, ref = shard(policy, ref)  # torchrun: FSDP2, 1/world of each per rank
+    all_set_up()  # torchrun: once every rank has built and checked its inputs
+    # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
+    params = list(policy.parameters())
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=tuple(cfg.adam_betas), fused=fused)
+    seed_everything(cfg.seed + 1 + rank.seed_offset)  # the same stream, cached artifacts or not
+    return Run(rank, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
+               loss_options(cfg))
+
+
+def build(cfg: Config, device: torch.device) -> tuple:
+    """(the engine's class, the task, the policy, pi_ref or None), each input checked."""
     engine_cls = resolve(ENGINES, cfg.engine, "engine")
     getattr(engine_cls, "check_available", lambda: None)()  # a missing vLLM: before any cache
     seed_everything(init_seed(cfg))  # the model's init and the task's warm start: --init-seed
@@ -286,17 +304,7 @@ def prepare(cfg: Config) -> Run:
     # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
     policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
-    engine = build_engine(engine_cls, policy, task, cfg)  # --sampler-lag K: K updates old
-    # torchrun: FSDP2, 1/world of each per rank; returns once every rank has checked its inputs
-    policy, ref = distributed.shard(policy, ref)
-    # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
-    params = list(policy.parameters())
-    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            betas=tuple(cfg.adam_betas), fused=fused)
-    seed_everything(cfg.seed + 1 + rank.seed_offset)  # the same stream, cached artifacts or not
-    return Run(rank, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
-               loss_options(cfg))
+    return engine_cls, task, policy, ref
 
 
 def finished(cfg: Config) -> bool:
@@ -314,14 +322,15 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     rank, task, policy, ref, opt, gen = run.rank, run.task, run.policy, run.ref, run.opt, run.gen
     device, loss_opts = rank.device, run.loss
     # the task and the engine over every rank (one process: their own calls)
-    workers = distributed.Workers(task, run.engine, policy)
+    workers = Workers(task, run.engine, policy)
     if rank.main:  # rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         if not cfg.resume:
             atomic_write(out / "config.json", dumps(dataclasses.asdict(cfg), indent=1))
-    start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
-    if start:
-        workers.sync_weights(resumed=out)  # the engine was built before the checkpoint was loaded
+    resumed = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else None
+    start = resumed.step if resumed else 0
+    if resumed:
+        workers.restore(resumed.folder)  # the engine was built before the checkpoint was loaded
     log = MetricsLog(out, start, cfg.tensorboard) if rank.main else None
     bar = Progress(cfg.steps, start, cfg.progress and rank.main)
     model_params = sum(p.numel() for p in policy.parameters())
@@ -397,7 +406,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
         if step % cfg.save_every == 0 or step == cfg.steps:
             bar.phase("checkpoint")
             ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective, kept outside
-            ckpt.update(checkpoint_files(run.engine))  # --sampler-lag: the sampler's weight history
+            ckpt.update(run.engine.state())  # --sampler-lag: the sampler's weight history
         with signals_deferred():  # a signal waits until the row and the checkpoint are both written
             if log:
                 log.write(row)
