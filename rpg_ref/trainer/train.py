@@ -334,87 +334,90 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     log = MetricsLog(out, start, cfg.tensorboard) if rank.main else None
     bar = Progress(cfg.steps, start, cfg.progress and rank.main)
     model_params = sum(p.numel() for p in policy.parameters())
-    row = log.last_row() if log else {}  # {} for a new run
+    rows = log.rows() if log else []  # a resumed run's rows so far
+    row = rows[-1] if rows else {}
     last_eval = {k: v for k, v in row.items() if k.startswith("eval_")}
     live_params, t_run = None, time.perf_counter()
-    watch = Watch(cfg)  # non-finite values stop the run; a gradient that stays 0 is reported
+    watch = Watch(cfg, rows)  # non-finite values stop the run; health is judged at its end
 
-    for step in range(start + 1, cfg.steps + 1):
-        t_step = time.perf_counter()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        for param_group in opt.param_groups:
-            param_group["lr"] = lr_at(step, cfg)
+    with bar:  # the progress bar, cleared if the loop ends on an exception
+        for step in range(start + 1, cfg.steps + 1):
+            t_step = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            for param_group in opt.param_groups:
+                param_group["lr"] = lr_at(step, cfg)
 
-        # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
-        bar.phase("rollout")
-        workers.wake()
-        batch, info = rollout(task, workers, cfg, gen, device)  # N = prompts x G rows
-        workers.sleep()
+            # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
+            bar.phase("rollout")
+            workers.wake()
+            batch, info = rollout(task, workers, cfg, gen, device)  # N = prompts x G rows
+            workers.sleep()
 
-        # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
-        bar.phase("log-probs")
-        t0 = time.perf_counter()
-        batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
-        if ref is not None:
-            batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
-        mask = batch.mask  # [N, T]
-        batch.adv = compute_advantages(  # [N], or [N, T] for the token-level estimators
-            resolved_adv(cfg), batch.rewards, cfg.group_size, mask=mask,
-            old_logp=batch.old_logp, beta=loss_opts.reward_beta,
-            ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
-        # --rollout-correction: pi_old / pi_sampler weights
-        rc_stats = weights_for_batch(batch, cfg)
-        t_lp = time.perf_counter() - t0
+            # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
+            bar.phase("log-probs")
+            t0 = time.perf_counter()
+            batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
+            if ref is not None:
+                batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
+            mask = batch.mask  # [N, T]
+            batch.adv = compute_advantages(  # [N], or [N, T] for the token-level estimators
+                resolved_adv(cfg), batch.rewards, cfg.group_size, mask=mask,
+                old_logp=batch.old_logp, beta=loss_opts.reward_beta,
+                ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
+            # --rollout-correction: pi_old / pi_sampler weights
+            rc_stats = weights_for_batch(batch, cfg)
+            t_lp = time.perf_counter() - t0
 
-        # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
-        bar.phase("update")
-        t0 = time.perf_counter()
-        upd = update(policy, opt, batch, cfg, loss_opts)
-        t_upd = time.perf_counter() - t0
-        workers.sync_weights()
+            # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with own weights re-sync) ---
+            bar.phase("update")
+            t0 = time.perf_counter()
+            upd = update(policy, opt, batch, cfg, loss_opts)
+            t_upd = time.perf_counter() - t0
+            workers.sync_weights()
 
-        # --- 7. metrics (keys explained in rpg_ref/trainer/metrics.py) and checkpoint ---
-        n_tok = mask.sum()  # the batch's response tokens
-        row = {"step": step, "reward": float(batch.rewards.mean()),
-               "accuracy": float(batch.correct.float().mean()),
-               "entropy": float((ent * mask).sum() / n_tok),
-               "response_len": float(mask.sum(1).mean()),
-               **{k: v for k, v in upd.items() if k != "train_tokens"},
-               "kl_ref": 0.0, "lr": opt.param_groups[0]["lr"]}
-        if ref is not None:  # token-mean k3 estimate of KL(pi_old || pi_ref)
-            row["kl_ref"] = float((k3(batch.ref_logp - batch.old_logp) * mask).sum() / n_tok)
-        if batch.sampler_logp is not None:
-            diff = (batch.sampler_logp - batch.old_logp).abs() * mask  # [N, T]
-            row["logprob_diff_max"] = float(diff.max())
-        row.update(rc_stats)
-        row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
-        row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
-                   train_tokens_per_s=upd["train_tokens"] / max(t_upd, 1e-9),
-                   time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
-                   time_logprob=t_lp, time_update=t_upd)
-        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            bar.phase("evaluation")
-            last_eval = {f"eval_{k}": v for k, v in workers.evaluate().items()}  # rank 0's
-            row.update(last_eval)
-        row["time_step"] = time.perf_counter() - t_step
-        row["peak_mem_mb"] = peak_memory_mb(device)  # torchrun: the largest rank's
-        if live_params is None:
-            live_params = live_parameter_count()
-        watch.check(row)  # before the row and the checkpoint are written
-        ckpt = None
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            bar.phase("checkpoint")
-            ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective, kept outside
-            ckpt.update(run.engine.state())  # --sampler-lag: the sampler's weight history
-        with signals_deferred():  # a signal waits until the row and the checkpoint are both written
-            if log:
-                log.write(row)
-            bar.update(step, cfg.steps, row)
-            if ckpt is not None:
-                save_checkpoint(out, step, ckpt, cfg, keep=cfg.keep_checkpoints)
-    bar.close()
+            # --- 7. metrics (keys explained in rpg_ref/trainer/metrics.py) and checkpoint ---
+            n_tok = mask.sum()  # the batch's response tokens
+            row = {"step": step, "reward": float(batch.rewards.mean()),
+                   "accuracy": float(batch.correct.float().mean()),
+                   "entropy": float((ent * mask).sum() / n_tok),
+                   "response_len": float(mask.sum(1).mean()),
+                   **{k: v for k, v in upd.items() if k != "train_tokens"},
+                   "kl_ref": 0.0, "lr": opt.param_groups[0]["lr"]}
+            if ref is not None:  # token-mean k3 estimate of KL(pi_old || pi_ref)
+                row["kl_ref"] = float((k3(batch.ref_logp - batch.old_logp) * mask).sum() / n_tok)
+            if batch.sampler_logp is not None:
+                diff = (batch.sampler_logp - batch.old_logp).abs() * mask  # [N, T]
+                row["logprob_diff_max"] = float(diff.max())
+            row.update(rc_stats)
+            row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
+            row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
+                       train_tokens_per_s=upd["train_tokens"] / max(t_upd, 1e-9),
+                       time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
+                       time_logprob=t_lp, time_update=t_upd)
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                bar.phase("evaluation")
+                last_eval = {f"eval_{k}": v for k, v in workers.evaluate().items()}  # rank 0's
+                row.update(last_eval)
+            row["time_step"] = time.perf_counter() - t_step
+            row["peak_mem_mb"] = peak_memory_mb(device)  # torchrun: the largest rank's
+            if live_params is None:
+                live_params = live_parameter_count()
+            watch.check(row)  # before the row and the checkpoint are written
+            ckpt = None
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                bar.phase("checkpoint")
+                ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective: outside
+                ckpt.update(run.engine.state())  # --sampler-lag: the sampler's weight history
+            with signals_deferred():  # a signal waits until the row and the checkpoint are written
+                if log:
+                    log.write(row)
+                bar.update(step, cfg.steps, row)
+                if ckpt is not None:
+                    save_checkpoint(out, step, ckpt, cfg, keep=cfg.keep_checkpoints)
 
+    if rank.main and (warning := watch.verdict()):  # a collapse, or a policy that stopped learning
+        bar.say(warning)
     if live_params is None:
         live_params = live_parameter_count()
     # torchrun: every rank takes part; rank 0 gets a plain copy of the policy, the others None
@@ -422,7 +425,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params, "world_size": rank.world,
-               "wall_time_s_this_process": time.perf_counter() - t_run,
+               "wall_time_s_this_process": time.perf_counter() - t_run, "health": watch.health(),
                **(task.summary(plain, cfg) if rank.main else {})}
     if hasattr(task, "finish"):  # the task's last artifacts; summary.json then marks the run done
         task.finish(plain, out)
