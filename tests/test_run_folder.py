@@ -655,6 +655,22 @@ def test_in_a_terminal_a_warning_has_its_own_line_and_ctrl_c_shows_one(tmp_path)
     assert lines[0].startswith("rpg-train: interrupted (SIGINT) after step "), lines
 
 
+def test_resume_of_a_run_that_never_started_says_so(tmp_path, capsys):
+    """A run killed while it set up leaves its folder (with the lock file) but no config.json:
+    --resume says the run never started and that its own command starts it again (exit 2);
+    a folder that does not exist is still "no run there"."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / run_folder.LOCK).write_text("123 host\n")
+    assert cli.main(["--resume", str(out)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err == (f"rpg-train: --resume {out}: the run there never started ({out}/config.json "
+                   f"was never written: it was stopped while setting up); the command that "
+                   f"started it starts it again")
+    assert cli.main(["--resume", str(tmp_path / "none")]) == 2
+    assert "no run there" in one_line(capsys.readouterr().err)
+
+
 # ------------------------------------------------------------------------------------------
 # rpg-eval on a folder that is no model; rpg-plot on a bad row
 # ------------------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ def resume_config(given: dict) -> Config:
         raise ValueError(f"--resume {out} continues the run in {out}: drop --out")
     path = out / "config.json"
     if not path.is_file():
+        if out.is_dir():  # the folder of a run killed while it set up (its lock file, say)
+            raise ValueError(f"--resume {out}: the run there never started ({path} was never "
+                             f"written: it was stopped while setting up); the command that "
+                             f"started it starts it again")
         raise ValueError(f"--resume {out}: no run there ({path} not found)")
     try:
         stored = loads(path.read_text())
