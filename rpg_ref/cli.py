@@ -185,6 +185,8 @@ def main(argv: list | None = None) -> int:
         summary = start(a)
     except BaseException as e:  # noqa: BLE001 - ending() raises what is no run's ending
         code, line, everyone = ending(e, a)
+        if in_main_thread:  # ending anyway: torchrun's SIGTERM to a rank that is exiting is moot
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if line is not None:
             if everyone or is_main():
                 print(line, file=sys.stderr)
@@ -250,7 +252,7 @@ def ending(e: BaseException, a: Attempt) -> tuple[int, str | None, bool]:
         if not isinstance(e, ValueError):
             raise e
         # a user's mistake (flags, data, model, device, folder); a folder in use is the reason
-        return 2, f"rpg-train: {(is_main() and run_folder.busy(a.argv, str(e))) or e}", False
+        return 2, f"rpg-train: {run_folder.busy(a.argv, str(e)) or e}", False
     if isinstance(e, (ResumeError, DiskFull, Diverged)):  # one line each; ResumeError: bad input
         return (2 if isinstance(e, ResumeError) else 1), f"rpg-train: {e}", False
     if peer_failure(e):

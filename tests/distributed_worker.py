@@ -171,9 +171,9 @@ class FakeTask:
 
 def whole_batch_check() -> dict:
     """The rollout's calls on 2 ranks (12 responses in groups of 4: the middle group spans both
-    ranks): rpg_ref.trainer.distributed.workers.Workers.generate and .reward (each rank samples and scores
-    its 6, every rank gets all 12 responses, log-probs and rewards), map_rows (each rank computes
-    the log-probs of its 6 rows, every rank gets the 12); then every estimator of
+    ranks): Workers.generate and .reward (rpg_ref.trainer.distributed.workers: each rank samples
+    and scores its 6, every rank gets all 12 responses, log-probs and rewards), map_rows (each
+    rank computes the log-probs of its 6 rows, every rank gets the 12); then every estimator of
     rpg_ref.core.advantages on what a rank holds against the same computed by one process on the
     whole batch: max |difference| per estimator (over both ranks)."""
     from rpg_ref.core.advantages import ADVANTAGES, compute_advantages

@@ -74,7 +74,7 @@ def agree(fn):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the ranks did not all finish setting up within "
                                f"{STARTUP_TIMEOUT_S:.0f} s")
-        time.sleep(0.05)
+        time.sleep(0.01)
     verdicts = [store.get(k).decode() for k in keys]
     first = next((r for r, v in enumerate(verdicts) if v), None)
     if first is None:
