@@ -206,6 +206,8 @@ def main(argv: list | None = None) -> int:
           + (f"  tv_distance={summary['tv_distance']:.4f}"
              if summary.get("tv_distance") is not None else "")
           + "".join(f"  {k}={v:.3f}" for k, v in summary["eval"].items()))
+    if summary.get("note"):  # what the numbers above mean for this task (e.g. a random model)
+        print(f"note: {summary['note']}")
     return 0
 
 
