@@ -28,13 +28,11 @@ import typing
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import tyro
 
 import rpg_ref.core.losses as L
-from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer import run_folder
-from rpg_ref.trainer.checkpoint import DiskFull, ResumeError
+from rpg_ref.trainer.collectives import is_main
 from rpg_ref.trainer.config import (
     DEFAULT_BETA,
     DEFAULTS,
@@ -44,8 +42,17 @@ from rpg_ref.trainer.config import (
     plugin_options,
     preset_for,
 )
+from rpg_ref.trainer.config_checks import check_machine, check_out, resume_config
+from rpg_ref.trainer.distributed.liveness import (
+    mark_stopping,
+    peer_failure,
+    peers_stopping,
+    silent_peers,
+)
+from rpg_ref.trainer.distributed.setup import agree, exit_process, shutdown, tell_torchrun
+from rpg_ref.trainer.errors import DiskFull, Diverged, ResumeError
 from rpg_ref.trainer.interrupts import interrupted_message, peer_line, raise_interrupted
-from rpg_ref.trainer.metrics import Diverged, failure_line
+from rpg_ref.trainer.metrics import failure_line
 from rpg_ref.trainer.presets import DEFAULT_PRESET, PRESETS
 from rpg_ref.trainer.train import finished, prepare, train
 
@@ -85,7 +92,7 @@ def _one_line(box: str) -> str:
     return " ".join(lines) or "the command line cannot be read"
 
 
-def _parse(argv: list) -> dict:
+def read_flags(argv: list) -> dict:
     """argv -> {field or "<name>_<option>": value} for each flag given (tyro checks the syntax)."""
     table = plugin_options()
     flags_cls = _flags_class(table)
@@ -114,15 +121,21 @@ def help_text() -> str:
     """What `rpg-train --help` prints."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        _parse(["--help"])
+        read_flags(["--help"])
     return out.getvalue()
 
 
 def parse_config(argv: list | None = None) -> Config:
     """argv -> checked Config. Raises ValueError with a clear message on a bad configuration."""
-    given = _parse(sys.argv[1:] if argv is None else list(argv))
+    return config_of(read_flags(sys.argv[1:] if argv is None else list(argv)))
+
+
+def config_of(given: dict) -> Config:
+    """The flags given (read_flags) -> checked Config: the stored run's for --resume, else the
+    preset's with the flags applied; then what the Config cannot see in itself (the machine, the
+    run folder)."""
     if "resume" in given:
-        cfg = run_folder.resume_config(given)
+        cfg = resume_config(given)
     else:
         name = preset_for(given.get("task"), given.get("preset"))
         try:
@@ -135,7 +148,7 @@ def parse_config(argv: list | None = None) -> Config:
         if cfg.out is None:
             cfg.out = default_out(cfg, given)
     check_machine(cfg)
-    run_folder.check_out(cfg)
+    check_out(cfg)
     return cfg
 
 
@@ -155,91 +168,110 @@ def default_out(cfg: Config, given: dict) -> str:
     return f"runs/{name}-{cfg.algo}-s{cfg.seed}-{digest[:6]}"
 
 
-def check_machine(cfg: Config) -> None:
-    """What the Config cannot know: that this machine has --device and the tensorboard package."""
-    device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        why = "no GPU is visible" if torch.version.cuda else "this torch is a CPU-only build"
-        raise ValueError(f"bad configuration: --device {cfg.device}: CUDA is not available here "
-                         f"({why}); use --device cpu (or auto)")
-    if device.type == "cuda" and (device.index or 0) >= (n := torch.cuda.device_count()):
-        raise ValueError(f"bad configuration: --device {cfg.device}: this machine has {n} GPU(s) "
-                         f"(cuda:0..cuda:{n - 1})")
-    if cfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-        except ImportError as e:
-            raise ValueError(f"bad configuration: --tensorboard needs the tensorboard package "
-                             f"({e}); pip install tensorboard") from None
+class Attempt:
+    """One rpg-train command as far as it got: what ``ending`` needs to say how it ended."""
+
+    def __init__(self, argv: list):
+        self.argv, self.cfg, self.lock, self.run, self.training = argv, None, None, None, False
 
 
 def main(argv: list | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = lock = previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    """rpg-train: flags -> a checked Config -> train -> the final line. However a run ends, its exit
+    code and its one line come from ``ending``."""
+    a = Attempt(sys.argv[1:] if argv is None else list(argv))
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_interrupted) if in_main_thread else None
     try:
-        # every user mistake (flags, data, model, device, folder) is caught before OUT is written
-        try:
-            cfg = parse_config(argv)
-            if D.is_main() and not finished(cfg):  # one writer per run folder (rank 0 holds it)
-                lock = run_folder.claim(cfg.out)
-                cfg = parse_config(argv)  # the folder's checks again, now that no one else writes
-            run = None if finished(cfg) else prepare(cfg)
-        except ValueError as e:  # a folder in use: that is the reason
-            print(f"rpg-train: {(D.is_main() and run_folder.busy(argv, str(e))) or e}",
-                  file=sys.stderr)
-            return 2
-        if run is None:
-            print(f"rpg-train: {cfg.out} already finished {cfg.steps} steps; nothing to do "
-                  f"(pass --steps N to extend it)")
-        try:
-            s = train(cfg, run)
-        except (ResumeError, DiskFull, Diverged) as e:  # one line each; ResumeError: bad input
-            if D.is_main():
-                print(f"rpg-train: {e}", file=sys.stderr)
-            return 2 if isinstance(e, ResumeError) else 1
-        except Exception as e:
-            if D.peer_failure(e):
-                if D.peers_stopping():
-                    return 128 + signal.SIGTERM  # torchrun stops the job: that rank says so
-                line = peer_line(str(e).splitlines()[0][:160])
-            elif isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                line = (f"no space left on the device of {cfg.out} ({e.filename or e}); free some "
-                        f"space and continue with: rpg-train --resume {shlex.quote(cfg.out)}")
-            else:  # values that became non-finite inside a step
-                line = failure_line(e, Path(cfg.out), cfg, list(run.policy.parameters()))
-            if line is None:
-                raise
-            print(f"rpg-train: {line}", file=sys.stderr)
-            return 1
-    except KeyboardInterrupt as e:  # Ctrl-C (SIGINT) or SIGTERM: a line, no traceback
-        signum = getattr(e, "signum", signal.SIGINT)
-        D.mark_stopping()
-        # torchrun stops every rank with SIGTERM when one died: the reason, if that is it
-        if any(p.endswith("has exited") for p in D.silent_peers()):
-            why = f"torchrun stopped this rank with {signal.Signals(signum).name}"
-            print(f"rpg-train: {peer_line(why, 0.0)}", file=sys.stderr)
-        elif D.is_main():  # under torchrun every rank gets the signal: one line is enough
-            mine = cfg if lock is not None else None  # a folder it does not hold is not its run
-            bar_end = "\n" if cfg is not None and cfg.progress else ""
-            print(bar_end + interrupted_message(mine, signum), file=sys.stderr)
-        return 128 + signum
+        summary = start(a)
+    except BaseException as e:  # noqa: BLE001 - ending() raises what is no run's ending
+        code, line, everyone = ending(e, a)
+        if in_main_thread:  # ending anyway: torchrun's SIGTERM to a rank that is exiting is moot
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if line is not None:
+            if everyone or is_main():
+                print(line, file=sys.stderr)
+            tell_torchrun(line)
+        return code
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if lock is not None:
-            lock.release()
-    D.shutdown()
-    if not D.is_main():
+        if a.lock is not None:
+            a.lock.release()
+    shutdown()
+    if not is_main():
         return 0
-    f = s["final"]
+    f, cfg = summary["final"], a.cfg
     print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
           f"accuracy={f.get('accuracy', float('nan')):.3f}"
-          + (f"  tv_distance={s['tv_distance']:.4f}" if s.get("tv_distance") is not None else "")
-          + "".join(f"  {k}={v:.3f}" for k, v in s["eval"].items()))
+          + (f"  tv_distance={summary['tv_distance']:.4f}"
+             if summary.get("tv_distance") is not None else "")
+          + "".join(f"  {k}={v:.3f}" for k, v in summary["eval"].items()))
+    if summary.get("note"):  # what the numbers above mean for this task (e.g. a random model)
+        print(f"note: {summary['note']}")
     return 0
 
 
+def start(a: Attempt) -> dict:
+    """Parse the flags once, take the run folder, build, train. Every user mistake (flags, data,
+    model, device, folder) is refused before OUT is written; under torchrun every rank refuses
+    together (distributed.setup.agree)."""
+    def checked():
+        given = read_flags(a.argv)
+        return given, config_of(given)
+
+    def take_folder():  # one writer per run folder: rank 0 holds it
+        if not is_main():
+            return a.cfg
+        a.lock = run_folder.claim(a.cfg.out)
+        return config_of(given)  # the folder's checks again, now that no one else writes
+
+    given, a.cfg = agree(checked)
+    if finished(a.cfg):
+        if is_main():
+            print(f"rpg-train: {a.cfg.out} already finished {a.cfg.steps} steps; nothing to do "
+                  f"(pass --steps N to extend it)")
+    else:
+        a.cfg = agree(take_folder)
+        a.run = prepare(a.cfg)
+    a.training = True
+    return train(a.cfg, a.run)
+
+
+def ending(e: BaseException, a: Attempt) -> tuple[int, str | None, bool]:
+    """How a run that raised ``e`` ends: (exit code, its line or None, whether every rank prints
+    it; else rank 0 alone does). Re-raises ``e`` when it is no user's mistake, fault or signal (a
+    bug: its traceback)."""
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C (SIGINT) or SIGTERM: a line, no traceback
+        signum = getattr(e, "signum", signal.SIGINT)
+        mark_stopping()
+        # torchrun stops every rank with SIGTERM when one died: the reason, if that is it
+        if any(p.endswith("has exited") for p in silent_peers()):
+            why = f"torchrun stopped this rank with {signal.Signals(signum).name}"
+            return 128 + signum, f"rpg-train: {peer_line(why, 0.0)}", True
+        mine = a.cfg if a.lock is not None else None  # a folder it does not hold is not its run
+        return 128 + signum, interrupted_message(mine, signum), False
+    if not a.training:
+        if not isinstance(e, ValueError):
+            raise e
+        # a user's mistake (flags, data, model, device, folder); a folder in use is the reason
+        return 2, f"rpg-train: {run_folder.busy(a.argv, str(e)) or e}", False
+    if isinstance(e, (ResumeError, DiskFull, Diverged)):  # one line each; ResumeError: bad input
+        return (2 if isinstance(e, ResumeError) else 1), f"rpg-train: {e}", False
+    if peer_failure(e):
+        if peers_stopping():
+            return 128 + signal.SIGTERM, None, True  # torchrun stops the job: that rank says so
+        return 1, f"rpg-train: {peer_line(str(e).splitlines()[0][:160])}", True
+    cfg = a.cfg
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return 1, (f"rpg-train: no space left on the device of {cfg.out} ({e.filename or e}); "
+                   f"free some space and continue with: rpg-train --resume "
+                   f"{shlex.quote(cfg.out)}"), True
+    # values that became non-finite inside a step
+    line = failure_line(e, Path(cfg.out), cfg, list(a.run.policy.parameters()) if a.run else [])
+    if line is None:
+        raise e
+    return 1, f"rpg-train: {line}", True
+
+
 if __name__ == "__main__":
-    D.exit_process(main())
+    exit_process(main())

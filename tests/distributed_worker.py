@@ -3,24 +3,29 @@
 One update (rpg_ref.trainer.train.update) of a float64 tiny Qwen3 on 2 ranks, each training its
 share of every mini-batch of a fixed batch, against the same update in one process (computed on
 every rank with the collectives switched off), for each case of CASES; the rollout's calls
-(rpg_ref.trainer.distributed.Workers, map_rows) and the advantages every rank computes from them;
-then the bytes of parameters and AdamW state each rank holds. Rank 0 writes the results as JSON to
-argv[1].
+(rpg_ref.trainer.distributed.workers: Workers, map_rows) and the advantages every rank computes
+from them; then the bytes of parameters and AdamW state each rank holds. Rank 0 writes the
+results as JSON to argv[1].
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 from rpg_ref.interfaces import Batch, Generation, collate
-from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer import train
+from rpg_ref.trainer.collectives import is_main
 from rpg_ref.trainer.config import Config, loss_options
+from rpg_ref.trainer.distributed.setup import exit_process
+from rpg_ref.trainer.distributed.sharding import gathered, shard
+from rpg_ref.trainer.distributed.workers import Workers, map_rows
 
 # (name, Config fields): token-mean and seq-mean losses, with micro-batches by count and by token
 # budget (ranks then cut different numbers: zero-weight padding), clipping and --ref init
@@ -120,13 +125,11 @@ def rollout_weights(b, cfg) -> dict:
 
 
 def one_process(fn):
-    """fn() with rpg_ref.trainer.distributed's collectives switched off (one process)."""
-    active, world, rank = D.active, D.world, D.rank
-    D.active, D.world, D.rank = (lambda: False), (lambda: 1), (lambda: 0)
-    try:
+    """fn() as one process sees the world (no process group, WORLD_SIZE 1): every collective of
+    the trainer (rpg_ref.trainer.collectives) is then the plain call."""
+    with mock.patch.object(dist, "is_initialized", return_value=False), \
+            mock.patch.dict(os.environ, {"WORLD_SIZE": "1", "RANK": "0"}):
         return fn()
-    finally:
-        D.active, D.world, D.rank = active, world, rank
 
 
 def one_process_update(model, b, cfg):
@@ -168,16 +171,16 @@ class FakeTask:
 
 def whole_batch_check() -> dict:
     """The rollout's calls on 2 ranks (12 responses in groups of 4: the middle group spans both
-    ranks): rpg_ref.trainer.distributed.Workers.generate and .reward (each rank samples and scores
-    its 6, every rank gets all 12 responses, log-probs and rewards), map_rows (each rank computes
-    the log-probs of its 6 rows, every rank gets the 12); then every estimator of
+    ranks): Workers.generate and .reward (rpg_ref.trainer.distributed.workers: each rank samples
+    and scores its 6, every rank gets all 12 responses, log-probs and rewards), map_rows (each
+    rank computes the log-probs of its 6 rows, every rank gets the 12); then every estimator of
     rpg_ref.core.advantages on what a rank holds against the same computed by one process on the
     whole batch: max |difference| per estimator (over both ranks)."""
     from rpg_ref.core.advantages import ADVANTAGES, compute_advantages
 
     G, prompts = 4, [[1], [2], [3]]
     engine, task = FakeEngine(), FakeTask()
-    workers = D.Workers(task, engine, None)
+    workers = Workers(task, engine, None)
     gen = workers.generate(prompts, G, 1.0, 1.0, 8)
     per_response = [p for p in prompts for _ in range(G)]
     r, correct = workers.reward(per_response, gen.responses)
@@ -190,7 +193,7 @@ def whole_batch_check() -> dict:
         moved = rows.sampler_logp.double() + 0.3 * rows.input_ids[:, -rows.mask.shape[1]:]
         return moved * rows.mask, -moved * rows.mask
 
-    old, ref = D.map_rows(logprobs, b, None)
+    old, ref = map_rows(logprobs, b, None)
     whole, counts = [None] * dist.get_world_size(), [None] * dist.get_world_size()
     dist.all_gather_object(whole, (gen.responses, gen.logprobs, r.tolist(), old.tolist()))
     dist.all_gather_object(counts, (engine.sampled, task.scored))
@@ -215,7 +218,7 @@ def whole_batch_check() -> dict:
 
 
 def full_params(model) -> dict:
-    with D.gathered(model):
+    with gathered(model):
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -240,7 +243,7 @@ def main(out_path: str) -> None:
         single = copy.deepcopy(base)
         torch.manual_seed(2)
         s_stats = one_process_update(single, b, cfg)
-        sharded, _ = D.shard(copy.deepcopy(base))
+        sharded, _ = shard(copy.deepcopy(base))
         torch.manual_seed(2 + 1000 * dist.get_rank())  # only rank 0's mini-batch order is used
         d_stats = {**rollout_weights(b, cfg),
                    **train.update(sharded, make_opt(sharded), b, cfg, loss_options(cfg))}
@@ -263,7 +266,7 @@ def main(out_path: str) -> None:
         }
     results["whole_batch"] = whole_batch_check()
     # bytes per rank: parameters (local shards) and AdamW's exp_avg, exp_avg_sq (local shards)
-    model, _ = D.shard(copy.deepcopy(base))
+    model, _ = shard(copy.deepcopy(base))
     opt = make_opt(model)
     loss = model(input_ids=torch.randint(0, 24, (2, 5))).logits.sum()
     loss.backward()
@@ -278,7 +281,7 @@ def main(out_path: str) -> None:
     results.update(world_size=dist.get_world_size(), per_rank=per_rank, model_bytes=model_bytes,
                    step_counters_bytes=sum(st["step"].numel() * st["step"].element_size()
                                            for st in opt.state.values()))
-    if D.is_main():
+    if is_main():
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)
     dist.destroy_process_group()
@@ -286,4 +289,4 @@ def main(out_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    D.exit_process(0)  # as rpg-train's ranks do: no interpreter teardown after the process group
+    exit_process(0)  # as rpg-train's ranks do: no interpreter teardown after the process group

@@ -1,9 +1,12 @@
 """The import rules of docs/architecture.md hold: every module of rpg_ref/ sits in one room of its
 table, and imports (at the top or inside a function) only its own room and the rooms that the
-table's "may import" column names."""
+table's "may import" column names. Inside trainer/, every module sits in one layer of the doc's
+second table and imports only its own layer and the layers below, with no circle, and never from
+inside a function."""
 
 import ast
 import re
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -123,4 +126,97 @@ def test_package_uses_full_module_paths():
             if module == "rpg_ref":
                 bad += [f"{path.relative_to(ROOT)}: rpg_ref.{n}" for n in names
                         if n != "__version__" and not module_file(f"rpg_ref.{n}")]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------------------------------
+# inside trainer/: the layers
+# ------------------------------------------------------------------------------------------
+
+TRAINER = PACKAGE / "trainer"
+TRAINER_MODULES = sorted(TRAINER.rglob("*.py"))
+
+
+def layers() -> dict:
+    """{module path: layer number} from the doc's layer table (paths under rpg_ref/trainer/; a
+    folder takes its files)."""
+    lines = DOC.read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("| layer | modules |"))
+    paths = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        number, files, _job = (c.strip() for c in line.strip("|").split("|"))
+        paths[int(number.split()[0])] = re.findall(r"`([^`]+)`", files)
+    out = {}
+    for number, names in paths.items():
+        for name in names:
+            found = ([TRAINER / name] if not name.endswith("/")
+                     else sorted((TRAINER / name).rglob("*.py")))
+            out.update(dict.fromkeys(found, number))
+    return out
+
+
+def trainer_imports(module: Path) -> set:
+    return {t for t in imported_modules(module) if TRAINER in t.parents}
+
+
+def layer_violations(imports: dict, layer: dict) -> list[str]:
+    """Each import of a module ({module: modules it imports}) from a higher layer than its own."""
+    rel = lambda p: p.relative_to(TRAINER).as_posix()
+    return [f"{rel(m)} (layer {layer[m]}) imports {rel(t)} (layer {layer[t]})"
+            for m, targets in imports.items() for t in sorted(targets) if layer[t] > layer[m]]
+
+
+def circles(imports: dict) -> list:
+    """An import circle among the modules ({module: modules it imports}), or []."""
+    try:
+        TopologicalSorter(imports).prepare()
+    except CycleError as e:
+        return e.args[1]
+    return []
+
+
+def test_every_trainer_module_is_in_one_layer():
+    table = layers()
+    missing = [p.relative_to(TRAINER).as_posix() for p in TRAINER_MODULES if p not in table]
+    assert not missing, f"rpg_ref/trainer/ modules in no layer of docs/architecture.md: {missing}"
+    assert all(p.exists() for p in table), "the layer table names a file that does not exist"
+
+
+def test_trainer_imports_only_its_own_layer_and_below_with_no_circle():
+    table = layers()
+    imports = {m: trainer_imports(m) for m in TRAINER_MODULES}
+    assert layer_violations(imports, table) == []
+    assert circles(imports) == []
+
+
+def test_the_layer_rule_fails_on_a_lower_module_importing_a_higher_one(tmp_path):
+    """The checks above can fail: a bottom module (errors.py) that imports the loop, at the top or
+    inside a function, is reported, and so is a circle."""
+    table = layers()
+    for body in ("from rpg_ref.trainer.train import train\n",
+                 "def f():\n    from rpg_ref.trainer import train\n"):
+        fake = tmp_path / "errors.py"
+        fake.write_text(body)
+        imports = {TRAINER / "errors.py": trainer_imports(fake)}
+        assert layer_violations(imports, table) == [
+            f"errors.py (layer {table[TRAINER / 'errors.py']}) imports train.py "
+            f"(layer {table[TRAINER / 'train.py']})"]
+    a, b = TRAINER / "checkpoint.py", TRAINER / "metrics.py"
+    assert set(circles({a: {b}, b: {a}})) == {a, b}
+
+
+def test_no_trainer_module_imports_rpg_ref_inside_a_function():
+    """Every import of rpg_ref in trainer/ (and in rpg-train's cli.py) is at the module's top: an
+    import inside a function is how a circle hides."""
+    bad = []
+    for path in [*TRAINER_MODULES, PACKAGE / "cli.py"]:
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                             else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                    bad += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                            if n.split(".")[0] == "rpg_ref"]
     assert not bad, bad

@@ -312,7 +312,7 @@ def write_then_stop(self, row):
         os.kill(os.getpid(), signal.SIGTERM)
 MetricsLog.write = write_then_stop
 from rpg_ref.cli import main
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 

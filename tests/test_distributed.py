@@ -1,4 +1,4 @@
-"""torchrun data parallelism (rpg_ref/trainer/distributed.py) on 2 CPU ranks with gloo.
+"""torchrun data parallelism (rpg_ref/trainer/distributed/) on 2 CPU ranks with gloo.
 
 Each torchrun launch costs seconds, so they are shared: one launch of tests/distributed_worker.py
 (update equivalence, bytes per rank), one 2-rank bandit run (the regularized optimum, and the
@@ -28,8 +28,8 @@ pytest.importorskip("safetensors")
 from tiny_runs import tiny_math_argv
 
 from rpg_ref import cli
-from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer import presets, train
+from rpg_ref.trainer.config_checks import check_job
 
 pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[1]
@@ -252,7 +252,7 @@ def interrupted_save_model(model, path, *a, **kw):
         time.sleep(1.0)  # the rank's own SIGTERM arrives meanwhile
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = interrupted_save_model
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 
@@ -305,7 +305,7 @@ def kill_peer_save_model(model, path, *a, **kw):
         time.sleep(3.0)
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = kill_peer_save_model
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 
@@ -333,10 +333,38 @@ def test_rank_stopped_by_torchrun_names_the_rank_that_died(tmp_path):
     assert (out / "checkpoints" / "LATEST").read_text() == "step_000003"
 
 
+def refused_on_every_rank(p: subprocess.Popen, err: str) -> str:
+    """The project's line of a torchrun job that rpg-train refused: printed once (by rank 0),
+    every rank exited with code 2 by itself (torchrun's agent had to kill none: no SIGKILL 30 s
+    after a SIGTERM, no "Unable to shutdown"), and the last line of torchrun's report, the last a
+    user reads, is that same line as every rank's cause."""
+    lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
+    assert p.returncode != 0 and len(lines) == 1, err[-3000:]
+    report = err[err.index("Failures:"):]
+    assert report.count("exitcode  : 2 ") == 2, report
+    assert report.count(f"traceback : {lines[0]}") == 2, report
+    assert "Unable to shutdown" not in err and "SIGKILL" not in err, err[-3000:]
+    text = [ln.strip() for ln in err.splitlines() if ln.strip().strip("=")]
+    assert text[-1] == f"traceback : {lines[0]}", err[-3000:]
+    return lines[0]
+
+
+def test_a_torchrun_job_with_a_bad_flag_is_refused_on_every_rank(tmp_path):
+    """A bad value is refused by each rank in one line: every rank exits with code 2, the project's
+    line is printed once and ends torchrun's report, and nothing is written."""
+    out = tmp_path / "run"
+    p = torchrun(["-m", "rpg_ref.cli", *BANDIT, "--lr", "-1", "--out", str(out)])
+    _, err = p.communicate(timeout=300)
+    line = refused_on_every_rank(p, err)
+    assert line == "rpg-train: bad configuration: --lr must be finite and > 0, got -1.0"
+    assert not out.exists()
+
+
 def test_a_torchrun_job_into_a_folder_in_use_is_refused_by_rank_0(tmp_path):
     """Rank 0 takes the run folder's lock: a 2-rank job with the same flags into the folder of a
     run that is still going (and has no checkpoint yet, so nothing else refuses it) ends with rank
-    0's one line naming that run's PID, and the run goes on unharmed."""
+    0's one line naming that run's PID, on every rank at once (each exits with code 2), and the
+    run goes on unharmed."""
     out = tmp_path / "run"
     argv = [*BANDIT, "--steps", "100000", "--save-every", "100000", "--out", str(out)]
     live = subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], stderr=subprocess.PIPE,
@@ -348,9 +376,8 @@ def test_a_torchrun_job_into_a_folder_in_use_is_refused_by_rank_0(tmp_path):
             time.sleep(0.1)
         p = torchrun(["-m", "rpg_ref.cli", *argv])
         _, err = p.communicate(timeout=300)
-        lines = [ln for ln in err.splitlines() if ln.startswith("rpg-train:")]
-        assert p.returncode != 0 and len(lines) == 1, err[-3000:]
-        assert f"in use by another rpg-train (PID {live.pid} on " in lines[0]
+        line = refused_on_every_rank(p, err)
+        assert f"in use by another rpg-train (PID {live.pid} on " in line
         assert live.poll() is None
         live.send_signal(signal.SIGTERM)  # a clean stop: its rows end with a whole step
         assert live.wait(timeout=120) == 128 + signal.SIGTERM
@@ -375,12 +402,12 @@ def test_configurations_that_cannot_be_split_are_refused():
     """A batch or mini-batch not divisible by the number of ranks, or a per-rank mini-batch not
     divisible into micro-batches, is refused with the fix named."""
     cfg = cli.parse_config(["--task", "bandit"])  # 1 prompt x 512, mini-batch 128
-    D.check_config(cfg, n_ranks=2)  # fine: groups may span ranks
+    check_job(cfg, n_ranks=2)  # fine: groups may span ranks
     with pytest.raises(ValueError, match="divisible by 3"):
-        D.check_config(cfg, n_ranks=3)
+        check_job(cfg, n_ranks=3)
     cfg.micro_batch_size = 48
     with pytest.raises(ValueError, match="each rank's mini-batch"):
-        D.check_config(cfg, n_ranks=2)
+        check_job(cfg, n_ranks=2)
 
 
 def test_hung_rank_stops_the_run_after_dist_timeout(tmp_path):
@@ -476,7 +503,7 @@ import os, sys, torch
 from rpg_ref.cli import main
 from rpg_ref.engines.sample import SampleEngine
 from rpg_ref.registry import ENGINES
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 calls = []
 class Recording(SampleEngine):
     def generate(self, *args):

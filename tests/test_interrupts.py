@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from rpg_ref.trainer.interrupts import Interrupted, signals_deferred
+from rpg_ref.trainer.errors import Interrupted
+from rpg_ref.trainer.interrupts import signals_deferred
 
 
 def _raise_sigint(signum, frame):

@@ -319,6 +319,12 @@ def test_math_cpu_preset_runs_the_tiny_qwen3_on_real_problems(tmp_path, capsys):
     )
     (row,) = _rows(out)
     assert row["step"] == 1 and row["accuracy"] == 0.0 and -2.0 <= row["reward"] <= 1.0
+    # the last line says why: a random model cannot solve math
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == ("note: --math-model tiny-qwen3 is a random 2-layer model: it cannot solve "
+                    "math (its text holds no answer and never ends), so reward -2 (a wrong answer "
+                    "-1, overlong -1) and accuracy 0 are what it gets; this run checks the "
+                    "pipeline, not the learning"), last
     assert 1 <= row["response_len"] <= 8
     for key in ("eval_amc23_mean@1", "eval_amc23_pass@1", "eval_amc23_mean@2", "eval_amc23_pass@2"):
         assert 0.0 <= row[key] <= 1.0, key

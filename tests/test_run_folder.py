@@ -20,13 +20,14 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("safetensors")
 
 from rpg_ref import cli
-from rpg_ref.trainer import checkpoint, metrics, run_folder
+from rpg_ref.trainer import checkpoint, errors, metrics, run_folder, sampler_lag
 
 BANDIT = ["--task", "bandit", "--group-size", "64", "--mini-batch-size", "32", "--no-progress",
           "--threads", "1", "--lr-decay", "constant"]
@@ -192,7 +193,7 @@ def test_a_forked_child_does_not_keep_a_killed_runs_lock(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", LOCK_AND_FORK, str(out)], stdout=subprocess.PIPE,
                          text=True)
     assert p.stdout.readline().strip() == "held"
-    with pytest.raises(run_folder.FolderBusy, match=f"PID {p.pid} on"):
+    with pytest.raises(errors.FolderBusy, match=f"PID {p.pid} on"):
         run_folder.claim(out)
     children = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
     p.send_signal(signal.SIGKILL)
@@ -308,10 +309,16 @@ CHECKPOINT_FILES = ["model.safetensors", "optimizer.pt", "rng.pt", "state.json",
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_FILES)
-def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, capsys, name):
+def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, capsys, monkeypatch,
+                                                                  name):
     """One bit flipped in any file of the latest checkpoint: resume says so in one line naming
     the file and continues from the newest intact checkpoint (step 15); steps 16-20 are computed
-    again and equal the original run's, bitwise."""
+    again and equal the original run's, bitwise. The engine's part of the checkpoint is restored
+    from that same checkpoint."""
+    restored = []
+    restore = sampler_lag.OnPolicy.restore
+    monkeypatch.setattr(sampler_lag.OnPolicy, "restore",
+                        lambda self, policy, ck: restored.append(ck) or restore(self, policy, ck))
     flip_bit(ck(run, 20) / name)
     assert cli.main(["--resume", str(run), "--steps", "22"]) == 0
     err = one_line(capsys.readouterr().err)
@@ -320,7 +327,7 @@ def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(run, base, cap
     assert steps(run) == list(range(1, 23))
     assert strip(rows(run)[:20]) == strip(rows(base))
     # where files a feature adds to a checkpoint are read on resume: the same step as the weights
-    assert checkpoint.latest_checkpoint(run) == ck(run, 15)
+    assert restored == [ck(run, 15)]
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng.pt"])
@@ -505,32 +512,163 @@ def test_a_run_whose_weights_blow_up_stops_in_one_line(tmp_path, capsys):
     assert not (out / "checkpoints").exists()
 
 
-def test_watch_stops_at_a_non_finite_row_and_warns_once_on_zero_gradients(capsys):
-    class Cfg:
-        lr, grad_clip = 0.5, 1.0
+class Cfg:
+    """What Watch reads of a Config."""
+    lr, grad_clip, ref, beta, prompts_per_step, group_size = 0.5, 1.0, "iterative", 1e-3, 4, 4
 
+
+def test_watch_stops_at_a_non_finite_row_and_reports_a_zero_gradient_once():
     w = metrics.Watch(Cfg())
     row = {"step": 1, "loss": 0.1, "grad_norm": 0.2, "entropy": 1.0, "reward": 0.5, "updates": 2}
     w.check(row)
     for s in range(2, 7):
         w.check({**row, "step": s, "loss": 0.0, "grad_norm": 0.0})
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0]
-    assert "--grad-clip" not in err[0]  # clipping is on: only the learning rate is named
+    line = w.verdict()
+    assert line.startswith("rpg-train: warning: steps 2-4: every update had a zero gradient")
+    assert "--grad-clip" not in line  # clipping is on: only the learning rate is named
     w.check({**row, "loss": float("nan"), "grad_norm": float("nan"), "updates": 0})  # no update
-    with pytest.raises(metrics.Diverged, match=r"step 9: loss is nan: .*lower --lr \(now 0.5\)"):
+    with pytest.raises(errors.Diverged, match=r"step 9: loss is nan: .*lower --lr \(now 0.5\)"):
         w.check({**row, "step": 9, "loss": float("nan")})
-    with pytest.raises(metrics.Diverged, match=r"step 9: grad_norm is inf"):
+    with pytest.raises(errors.Diverged, match=r"step 9: grad_norm is inf"):
         w.check({**row, "step": 9, "grad_norm": float("inf")})
 
 
-def test_a_bandit_that_collapses_warns_of_zero_gradients(tmp_path, capsys):
-    """--lr 1000: one update puts every response on one arm; from step 2 on every gradient is 0,
-    and one warning line says so."""
+def zero_gradient_rows(accuracy: float) -> list:
+    first = {"step": 1, "loss": 0.1, "grad_norm": 0.2, "entropy": 1.0, "reward": 0.5,
+             "accuracy": 0.5, "updates": 2}
+    return [first] + [{**first, "step": s, "loss": 0.0, "grad_norm": 0.0, "entropy": 0.0,
+                       "reward": 1.0, "accuracy": accuracy} for s in range(2, 7)]
+
+
+def test_a_zero_gradient_with_every_response_correct_is_convergence_unless_pi_ref_pulls():
+    """Every response correct and a zero gradient: with pi_ref = pi_old (or beta 0) the policy is
+    at the optimum: no warning, summary.json's health says converged. With a fixed pi_ref and
+    beta > 0 the KL-regularized optimum is elsewhere (a saturated softmax has a zero gradient
+    there too): the warning. A zero gradient with wrong responses: the warning."""
+    w = metrics.Watch(Cfg(), zero_gradient_rows(1.0))
+    assert w.verdict() is None and w.health().startswith("converged at step 2: every response")
+    beta0 = type("Beta0", (Cfg,), {"ref": "init", "beta": 0.0})
+    assert metrics.Watch(beta0(), zero_gradient_rows(1.0)).verdict() is None
+    pulled = type("Pulled", (Cfg,), {"ref": "init"})
+    assert "steps 2-4: every update" in metrics.Watch(pulled(), zero_gradient_rows(1.0)).verdict()
+    assert "not learning" in metrics.Watch(Cfg(), zero_gradient_rows(0.0)).verdict()
+
+
+def simulated_rows(gen, n: int, p: list) -> list:
+    """Rows of a run whose step t has accuracy Binomial(n, p[t]) / n (reward: the same)."""
+    acc = np.random.default_rng(gen).binomial(n, p) / n
+    return [{"step": t + 1, "loss": 0.1, "grad_norm": 0.1, "entropy": 1.0, "reward": a,
+             "accuracy": a, "updates": 1} for t, a in enumerate(acc)]
+
+
+def test_the_collapse_rule_warns_on_a_collapse_and_almost_never_on_noise():
+    """The stated rule (rpg_ref.trainer.metrics.Watch): 20-step runs of n responses per step.
+    Flat accuracy 0.25 (only noise): the binomial gives a false alarm in about 0.16 % of runs at
+    n = 16 (a lucky step 1 of 9/16 or more; 4 of these 4000 seeded runs) and below 1e-8 per run at
+    n = 128; the bounds (24 and 0 of 4000) fail with probability < 1e-6 and < 1e-4. Accuracy 0.4
+    at step 1, then 0.05: found in every run at n = 128 (a miss needs step 1 below 0.21:
+    probability < 1e-5 per run)."""
+    for n, bound in ((16, 0.006), (128, 0.0)):
+        cfg = type("C", (Cfg,), {"prompts_per_step": n // 4, "group_size": 4})()
+        alarms = sum(metrics.Watch(cfg, simulated_rows(seed, n, [0.25] * 20)).verdict() is not None
+                     for seed in range(4000))
+        assert alarms <= bound * 4000, (n, alarms)
+    cfg = type("C", (Cfg,), {"prompts_per_step": 32, "group_size": 4})()
+    for seed in range(200):
+        line = metrics.Watch(cfg, simulated_rows(seed, 128, [0.4] + [0.05] * 19)).verdict()
+        assert line is not None and "the policy collapsed: accuracy" in line, seed
+        assert "down from" in line and "at step 1" in line and "lower --lr (now 0.5)" in line
+
+
+def test_a_bandit_at_its_optimum_converges_without_a_warning(tmp_path, capsys):
+    """--lr 1000: one update puts every response on the best arm; with pi_ref = pi_old that is the
+    optimum, so the zero gradient that follows is convergence: no warning, exit 0, and
+    summary.json's health says converged."""
     out = tmp_path / "o"
     assert cli.main([*BANDIT, "--lr", "1000", "--steps", "6", "--out", str(out)]) == 0
+    assert not [x for x in capsys.readouterr().err.splitlines() if "rpg-train" in x]
+    health = json.loads((out / "summary.json").read_text())["health"]
+    assert health.startswith("converged at step 2: every response correct"), health
+
+
+def test_a_bandit_stuck_away_from_its_optimum_warns_of_zero_gradients(tmp_path, capsys):
+    """--lr 1000 with --ref init: one update saturates the softmax on the best arm, where the
+    gradient is 0 although the KL-regularized optimum (beta 0.5 to the initial policy) is
+    elsewhere: one warning line says the policy is not learning."""
+    out = tmp_path / "o"
+    argv = [*BANDIT, "--lr", "1000", "--ref", "init", "--steps", "6", "--out", str(out)]
+    assert cli.main(argv) == 0
     err = [x for x in capsys.readouterr().err.splitlines() if "rpg-train" in x]
     assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0], err
+
+
+def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path | None = None):
+    """rpg-train run in a pseudo-terminal of 120 columns (so tqdm draws its bar), sent SIGINT once
+    ``out`` holds that many metrics rows (None: never); returns (exit code, the lines a terminal
+    shows: each line's text after its last carriage return, blank ones dropped)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    p = subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], stdin=slave, stdout=slave,
+                         stderr=slave, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    STARTED.append(p)
+    os.close(slave)
+    shown, sent, deadline = b"", False, time.time() + 300
+    while time.time() < deadline:
+        if (interrupt_after_rows and not sent and (out / "metrics.jsonl").exists()
+                and (out / "metrics.jsonl").read_text().count("\n") >= interrupt_after_rows):
+            p.send_signal(signal.SIGINT)
+            sent = True
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the other end closed: the run has ended
+                break
+            if not data:
+                break
+            shown += data
+    os.close(master)
+    text = shown.decode(errors="replace")
+    lines = [line.rstrip("\r").split("\r")[-1].rstrip() for line in text.split("\n")]
+    return p.wait(timeout=60), [line for line in lines if line]
+
+
+def test_in_a_terminal_a_warning_has_its_own_line_and_ctrl_c_shows_one(tmp_path):
+    """In a terminal, with tqdm's progress bar: the warning of a bandit stuck away from its optimum
+    stands on a line of its own (the bar, then the warning, then the final line), and Ctrl-C
+    clears the bar and shows the one line of the interruption, nothing else."""
+    out = tmp_path / "w"
+    code, lines = in_a_terminal(["--preset", "bandit", "--ref", "init", "--lr", "1000",
+                                 "--steps", "6", "--out", str(out)])
+    assert code == 0 and len(lines) == 3, lines
+    assert lines[0].startswith("rpg-train: 100%|") and lines[2].startswith("done: ")
+    assert lines[1].startswith("rpg-train: warning: steps 2-4: every update had a zero gradient")
+    out = tmp_path / "c"
+    code, lines = in_a_terminal(["--preset", "bandit", "--steps", "100000", "--out", str(out)],
+                                interrupt_after_rows=2, out=out)
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith("rpg-train: interrupted (SIGINT) after step "), lines
+
+
+def test_resume_of_a_run_that_never_started_says_so(tmp_path, capsys):
+    """A run killed while it set up leaves its folder (with the lock file) but no config.json:
+    --resume says the run never started and that its own command starts it again (exit 2);
+    a folder that does not exist is still "no run there"."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / run_folder.LOCK).write_text("123 host\n")
+    assert cli.main(["--resume", str(out)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err == (f"rpg-train: --resume {out}: the run there never started ({out}/config.json "
+                   f"was never written: it was stopped while setting up); the command that "
+                   f"started it starts it again")
+    assert cli.main(["--resume", str(tmp_path / "none")]) == 2
+    assert "no run there" in one_line(capsys.readouterr().err)
 
 
 # ------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.tasks.bandit import kl_regularized_optimum
 from rpg_ref.trainer import config, presets, train
-from rpg_ref.trainer.distributed import Workers
+from rpg_ref.trainer.distributed.workers import Workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -432,7 +432,7 @@ def killed_save_model(model, path, *a, **kw):
     return save_model(model, path, *a, **kw)
 safetensors.torch.save_model = killed_save_model
 from rpg_ref.cli import main
-from rpg_ref.trainer.distributed import exit_process
+from rpg_ref.trainer.distributed.setup import exit_process
 exit_process(main(sys.argv[1:]))
 """
 
@@ -612,3 +612,19 @@ def test_float64_default_dtype_does_not_break_the_seq_warm_start(tmp_path):
     finally:
         torch.set_default_dtype(previous)
     assert rows(tmp_path / "o")[0]["reward"] > 0.15
+
+
+def test_a_collapsed_seq_run_ends_with_one_warning(tmp_path, cache_dir, capsys):
+    """A seq run at 30 times the preset's learning rate: 7 of 16 responses right at step 1, none
+    from step 2 on. It ends (exit 0) with one warning line naming the collapse, the step and the
+    flag; summary.json's health holds the same."""
+    out = tmp_path / "o"
+    argv = small_seq_argv(cache_dir=cache_dir, steps=12, lr=1e-2, progress=False, out=str(out))
+    assert cli.main(argv) == 0
+    err = [x for x in capsys.readouterr().err.splitlines() if "rpg-train" in x]
+    assert len(err) == 1, err
+    assert err[0].startswith("rpg-train: warning: the policy collapsed: accuracy 0 over steps "
+                             "3-12"), err[0]
+    assert "down from 0.438 at step 1, every step below half of it since step 2" in err[0]
+    assert err[0].endswith("lower --lr (now 0.01)")
+    assert json.loads((out / "summary.json").read_text())["health"] in err[0]

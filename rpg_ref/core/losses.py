@@ -48,17 +48,17 @@ from rpg_ref.core.loss_spec import (
     parse_clip,
 )
 
-__all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "LossOptions",
+__all__ = ["AGGREGATIONS", "LEVELS", "LOG_RATIO_CLAMP", "LOSSES", "SPECS", "Loss", "LossOptions",
            "LossSpec", "UnitLoss", "Units", "aggregate", "check_beta", "dual_clip", "get_loss",
            "parse_clip", "register_loss", "resolve_options", "rpg_style_clip"]
 
 LOG_RATIO_CLAMP = 40.0  # e^40 ~ 2.4e17; products of two such ratios stay finite in float32
 
-LOSSES: dict[str, Callable] = {}
+LOSSES: dict[str, Loss] = {}  # name -> Loss: Loss.__call__, then the registered formula
 SPECS: dict[str, LossSpec] = {}
 
 
-def get_loss(name: str) -> Callable:
+def get_loss(name: str) -> Loss:
     """Return the loss function registered under ``name``; ValueError lists valid names."""
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(sorted(LOSSES))}")
@@ -218,7 +218,12 @@ def kl_term(x: Units, kl: str) -> Tensor:
 
 # --- registry: the call every loss shares ---
 
-_CALL_DOC = """
+@dataclass(frozen=True)
+class Loss:
+    """A registered loss, LOSSES[name]: its formula (a function of this module, written as the
+    paper writes it) and the path every loss shares, ``__call__``: the inputs checked, the units
+    built, the formula called, its per-unit loss aggregated, the statistics (detached). The
+    gradient is autograd's, through the formula.
 
     Call: (logp, old_logp, advantages, mask, *, beta=0, ref_logp=None, clip=None, level="token",
     agg="token-mean", sample_weight=None, options=None). logp, old_logp, mask (0/1, a token in
@@ -235,65 +240,61 @@ _CALL_DOC = """
     estimate of KL(pi_theta || pi_old)).
     """
 
+    spec: LossSpec
+    formula: Callable  # formula(x: Units, beta, bounds) -> (UnitLoss, kl), e.g. rpg_reinforce_urkl
+
+    def __call__(self, logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, clip=None,
+                 level="token", agg="token-mean", sample_weight=None, options=None):
+        name = self.spec.name
+        if options is None:
+            options = resolve_options(name, beta=beta, clip=clip, level=level, agg=agg)
+        elif not isinstance(options, LossOptions) or options.loss != name:
+            raise ValueError(f"{name}: options must be a LossOptions resolved for {name} "
+                             f"(rpg_ref.core.losses.resolve_options), got {options!r}")
+        elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
+            raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
+        check_tensors(logp, old_logp, advantages, mask, ref_logp, options.level)
+        check_sample_weight(sample_weight, logp, options.level)
+        dt = torch.promote_types(logp.dtype, torch.float32)                 # at least float32
+        lp, m = logp.to(dt), mask.to(dt)
+        old, adv = old_logp.detach().to(dt), advantages.detach().to(dt)
+        ref = None if ref_logp is None else ref_logp.detach().to(dt)
+        log_w_tok = (lp - old).detach()                                     # [B, T] per token
+        checks = data_checks(mask, m.sum(1), log_w_tok,
+                             None if ref is None else lp.detach() - ref, adv)
+        refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
+
+        x = units(lp, old, ref, adv, m, options.level)
+        out, kl = self.formula(x, options.beta, options.bounds)             # the paper's loss
+        unit_loss = out.loss                                                # [B, T] or [B, 1]
+        if sample_weight is not None:               # each unit's term times its constant weight
+            sw = sample_weight.detach().to(dt)
+            unit_loss = unit_loss * (sw[:, None] if sw.dim() == 1 else sw)
+        loss = aggregate(unit_loss, m, options.level, options.agg)
+
+        def mean(t):                                    # over units; a missing clip branch: 0
+            t = torch.zeros_like(x.w) if t is None else t.detach().to(dt)
+            return aggregate(t, m, options.level, UNIT_MEAN[options.level])
+
+        log_w_tok = log_w_tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl_old = DIVERGENCES["urkl"].estimate(log_w_tok.exp(), log_w_tok, 1.0)  # pi_ref = pi_old
+        return loss.to(logp.dtype), {
+            "clip_frac_low": mean(out.low), "clip_frac_high": mean(out.high),
+            "clip_frac_dual": mean(out.dual), "ratio_mean": mean(x.w), "kl": mean(kl),
+            "kl_old": aggregate(kl_old, m, "token", "token-mean")}  # per token at any level
+
 
 def register_loss(name: str, *, paper: str, **fields) -> Callable:
-    """Decorator: register ``formula(x: Units, beta, bounds) -> (UnitLoss, kl)`` as LOSSES[name]
-    (``paper``: its paper_label, ``fields``: the other LossSpec fields). bounds = (1 - eps_low,
-    1 + eps_high, c or None) or None; kl = the units' KL estimate d, stats["kl"]."""
+    """Decorator: register ``formula(x: Units, beta, bounds) -> (UnitLoss, kl)`` as
+    LOSSES[name] = Loss(its spec, formula) (``paper``: its paper_label, ``fields``: the other
+    LossSpec fields), and return the formula unchanged. bounds = (1 - eps_low, 1 + eps_high,
+    c or None) or None; kl = the units' KL estimate d, stats["kl"]."""
     spec = LossSpec(name=name, paper_label=paper, **fields)
 
     def register(formula: Callable) -> Callable:
-        def loss_fn(logp, old_logp, advantages, mask, *, beta=0.0, ref_logp=None, clip=None,
-                    level="token", agg="token-mean", sample_weight=None, options=None):
-            if options is None:
-                options = resolve_options(name, beta=beta, clip=clip, level=level, agg=agg)
-            elif not isinstance(options, LossOptions) or options.loss != name:
-                raise ValueError(f"{name}: options must be a LossOptions resolved for {name} "
-                                 f"(rpg_ref.core.losses.resolve_options), got {options!r}")
-            elif (beta, clip, level, agg) != (0.0, None, "token", "token-mean"):
-                raise ValueError(f"{name}: give options or beta/clip/level/agg, not both")
-            return surrogate(formula, options, logp, old_logp, advantages, mask, ref_logp,
-                             sample_weight)
-        loss_fn.__name__ = loss_fn.__qualname__ = formula.__name__
-        loss_fn.__doc__ = formula.__doc__.strip() + _CALL_DOC
-        loss_fn.spec, loss_fn.formula = spec, formula
-        LOSSES[name], SPECS[name] = loss_fn, spec
+        LOSSES[name], SPECS[name] = Loss(spec, formula), spec
         return formula
     return register
-
-
-def surrogate(formula, opts: LossOptions, logp, old_logp, advantages, mask, ref_logp,
-              sample_weight=None):
-    """The loss ``formula`` on a batch: its units, its per-unit loss aggregated, its statistics
-    (detached). The gradient is autograd's, through the formula."""
-    check_tensors(logp, old_logp, advantages, mask, ref_logp, opts.level)
-    check_sample_weight(sample_weight, logp, opts.level)
-    dt = torch.promote_types(logp.dtype, torch.float32)                     # at least float32
-    lp, m = logp.to(dt), mask.to(dt)
-    old, adv = old_logp.detach().to(dt), advantages.detach().to(dt)
-    ref = None if ref_logp is None else ref_logp.detach().to(dt)
-    log_w_tok = (lp - old).detach()                                         # [B, T] per token
-    checks = data_checks(mask, m.sum(1), log_w_tok, None if ref is None else lp.detach() - ref, adv)
-    refuse_bad_data(checks, logp, old_logp, advantages, mask, ref_logp)
-
-    x = units(lp, old, ref, adv, m, opts.level)
-    out, kl = formula(x, opts.beta, opts.bounds)
-    unit_loss = out.loss                                                    # [B, T] or [B, 1]
-    if sample_weight is not None:                   # each unit's term times its constant weight
-        sw = sample_weight.detach().to(dt)
-        unit_loss = unit_loss * (sw[:, None] if sw.dim() == 1 else sw)
-    loss = aggregate(unit_loss, m, opts.level, opts.agg)
-
-    def mean(t):                                        # over units; a missing clip branch: 0
-        t = torch.zeros_like(x.w) if t is None else t.detach().to(dt)
-        return aggregate(t, m, opts.level, UNIT_MEAN[opts.level])
-
-    log_w_tok = log_w_tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    kl_old = DIVERGENCES["urkl"].estimate(log_w_tok.exp(), log_w_tok, 1.0)  # pi_ref = pi_old
-    return loss.to(logp.dtype), {
-        "clip_frac_low": mean(out.low), "clip_frac_high": mean(out.high),
-        "clip_frac_dual": mean(out.dual), "ratio_mean": mean(x.w), "kl": mean(kl),
-        "kl_old": aggregate(kl_old, m, "token", "token-mean")}     # per token at any level
 
 
 # --- fully differentiable family: L = -w A + beta d, clipped as -w A_hat, A_hat = A - beta d/w ---

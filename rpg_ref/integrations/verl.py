@@ -168,7 +168,7 @@ def _make(name: str):
     policy_loss.__doc__ = (
         f"verl adapter for rpg_ref.core.losses '{base}' "
         f"({'clipped' if clipped else 'no clip'}).\n\n"
-        + (fn.__doc__ or "")
+        + (fn.formula.__doc__ or "")
     )
     return policy_loss
 

@@ -318,7 +318,18 @@ class MathTask:
             "train_problems": len(self.train),
             "train_problems_dropped_long_prompt": self.dropped_long,
             "answer_checks": self.scorer.checker.stats.as_dict(),
+            **({"note": self.random_model_note(cfg)} if self.opt.model == TINY_MODEL else {}),
         }
+
+    def random_model_note(self, cfg) -> str:
+        """Why a run of the random tiny model ends with the lowest reward and accuracy 0 (rpg-train
+        prints it under its final line)."""
+        wrong = -1.0 if self.opt.scoring == "pm1" else 0.0
+        penalty = cfg.overlong_penalty if cfg.overlong_buffer else 0.0
+        parts = f"a wrong answer {wrong:g}" + (f", overlong {-penalty:g}" if penalty else "")
+        return (f"--math-model {TINY_MODEL} is a random 2-layer model: it cannot solve math (its "
+                f"text holds no answer and never ends), so reward {wrong - penalty:g} ({parts}) "
+                f"and accuracy 0 are what it gets; this run checks the pipeline, not the learning")
 
     def finish(self, policy, out: Path) -> None:
         """The final policy as an HF checkpoint with its tokenizer in OUT/hf (policy None: a rank

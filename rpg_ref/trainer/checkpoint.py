@@ -28,35 +28,19 @@ import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from rpg_ref.strict_json import dumps, loads
+from rpg_ref.trainer.checkpoint_shards import full_states, load_full_states
+from rpg_ref.trainer.collectives import active, is_main, main_decides, world
+from rpg_ref.trainer.errors import DiskFull, Diverged, ResumeError, flag_advice
+from rpg_ref.trainer.files import atomic_write
 
 MANIFEST = "manifest.json"
-
-
-class ResumeError(ValueError):
-    """A run folder that cannot be continued as it is (one line naming the file)."""
-
-
-class DiskFull(OSError):
-    """No space left for a checkpoint (one line naming the folder and the bytes needed)."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no orphan
-        raise
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict:
@@ -84,10 +68,8 @@ def checkpoint_state(policy, ref, opt, gen: torch.Generator) -> dict:
     save_model), the optimizer state and the RNG states. Under torchrun every rank calls it (it
     gathers the shards: a collective, so the loop calls it before the section that writes); rank 0
     gets the full state, the others {}."""
-    from rpg_ref.trainer import distributed as D
-
     rng = {**rng_state(), "prompt_gen": gen.get_state()}
-    full = D.full_states(policy, ref, opt, rng)  # torchrun: gathered by every rank; else None
+    full = full_states(policy, ref, opt, rng)  # torchrun: gathered by every rank; else None
     if full is not None:
         return full
     files = {"model.safetensors": policy, "ref.safetensors": ref,
@@ -164,17 +146,11 @@ def save_checkpoint(out: Path, step: int, state: dict, cfg, keep: int = 1) -> No
     place, point LATEST at it, then delete all but the latest ``keep`` checkpoints (0: keep all).
     Only rank 0 writes; no collective. A full disk: DiskFull, the temp dir removed, LATEST and
     the previous checkpoints untouched."""
-    from safetensors.torch import save_model
-
-    from rpg_ref.trainer import distributed as D
-
-    if not D.is_main():
+    if not is_main():
         return
     bad = [name for name, m in state.items() if isinstance(m, torch.nn.Module)
            and not all(bool(torch.isfinite(p).all()) for p in m.parameters())]
     if bad:  # never saved: a resume must start from finite weights
-        from rpg_ref.trainer.metrics import Diverged, flag_advice
-
         raise Diverged(f"step {step}: the weights to save in {', '.join(bad)} are not finite: "
                        f"training diverged; {flag_advice(cfg)}")
     root = out / "checkpoints"
@@ -185,9 +161,10 @@ def save_checkpoint(out: Path, step: int, state: dict, cfg, keep: int = 1) -> No
     try:
         tmp.mkdir()
         for name, content in state.items():
-            (save_model if name.endswith(".safetensors") else torch.save)(content, str(tmp / name))
+            save = safetensors.torch.save_model if name.endswith(".safetensors") else torch.save
+            save(content, str(tmp / name))
         (tmp / "state.json").write_text(dumps({"step": step, "config": dataclasses.asdict(cfg),
-                                               "world_size": D.world()}))
+                                               "world_size": world()}))
         write_manifest(tmp)
     except BaseException as e:
         # torch.save reports a full disk as "unexpected pos": judged by the space left as well
@@ -313,23 +290,6 @@ def latest_step(out: Path) -> int:
     return 0 if st is None else st["step"]
 
 
-_LOADED: dict[Path, Path] = {}  # resolved run folder -> the checkpoint load_checkpoint used
-
-
-def latest_checkpoint(out: Path) -> Path:
-    """The checkpoint folder a resume of ``out`` continues from: the one load_checkpoint loaded
-    in this process (after its verification and fallback), else the newest whose files have
-    their sizes. Files a feature adds to a checkpoint are read from here, so that they come from
-    the same step as the weights."""
-    if Path(out).resolve() in _LOADED:
-        return _LOADED[Path(out).resolve()]
-    ck, notes = pick(Path(out), full=False)
-    if ck is None:
-        raise ResumeError(f"--resume {out}: no checkpoint in {Path(out) / 'checkpoints'}"
-                          + (f" ({'; '.join(notes)})" if notes else ""))
-    return ck
-
-
 def _choose(out: Path) -> tuple[str | None, str | None]:
     """(folder to load, line to print) or (None, error line); (None, None): nothing to load."""
     ck, notes = pick(out, full=True)
@@ -343,17 +303,6 @@ def _choose(out: Path) -> tuple[str | None, str | None]:
     return str(ck), note
 
 
-def _from_rank_0(fn):
-    """fn() on rank 0, its result sent to every rank of a torchrun job; one process: fn()."""
-    import torch.distributed as dist
-
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return fn()
-    box = [fn() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, 0)
-    return box[0]
-
-
 def _loading(out: Path, path: Path, load):
     """load(path), its failure one line naming the file (a checkpoint without a manifest, or one
     of another model or optimizer: safetensors, pickle and torch each raise their own)."""
@@ -364,32 +313,35 @@ def _loading(out: Path, path: Path, load):
         raise ResumeError(f"--resume {out}: {path} cannot be loaded ({why})") from None
 
 
-def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> int:
+class Resumed(NamedTuple):
+    """The checkpoint a resume continues from."""
+
+    step: int
+    folder: Path  # files a feature adds to a checkpoint are read from here: the weights' step
+
+
+def load_checkpoint(out: Path, policy, ref, opt, gen: torch.Generator) -> Resumed | None:
     """Restore the checkpoint ``pick`` chooses in run folder ``out`` (verified against its
-    manifest); returns its step (0: none yet). ResumeError (one line) when none is intact."""
-    from safetensors.torch import load_model
-
-    from rpg_ref.trainer import distributed as D
-
-    ck, line = _from_rank_0(lambda: _choose(out))  # rank 0 verifies, every rank loads that one
+    manifest); None when there is none yet. ResumeError (one line) when none is intact."""
+    ck, line = main_decides(lambda: _choose(out))  # rank 0 verifies, every rank loads that one
     if ck is None:
         if line is not None:
             raise ResumeError(line)
-        return 0
-    if line and D.is_main():
+        return None
+    if line and is_main():
         print(line, file=sys.stderr, flush=True)
     ck = Path(ck)
     step = read_state(ck)["step"]
-    _LOADED[Path(out).resolve()] = ck
-    if D.active():  # a sharded run: every rank loads its shards (rpg_ref.trainer.distributed)
-        st = _loading(out, ck, lambda p: D.load_full_states(p, policy, ref, opt))
+    if active():  # a sharded run: every rank loads its shards (rpg_ref.trainer.checkpoint_shards)
+        st = _loading(out, ck, lambda p: load_full_states(p, policy, ref, opt))
     else:
         dev = str(next(policy.parameters()).device)
-        _loading(out, ck / "model.safetensors", lambda p: load_model(policy, str(p), device=dev))
-        if ref is not None:
-            _loading(out, ck / "ref.safetensors", lambda p: load_model(ref, str(p), device=dev))
+        for model, name in ((policy, "model.safetensors"), (ref, "ref.safetensors")):
+            if model is not None:
+                _loading(out, ck / name,
+                         lambda p, m=model: safetensors.torch.load_model(m, str(p), device=dev))
         _loading(out, ck / "optimizer.pt",
                  lambda p: opt.load_state_dict(torch.load(p, weights_only=True)))
         st = _loading(out, ck / "rng.pt", lambda p: torch.load(p, weights_only=True))
     _loading(out, ck / "rng.pt", lambda p: (set_rng_state(st), gen.set_state(st["prompt_gen"])))
-    return step
+    return Resumed(step, ck)

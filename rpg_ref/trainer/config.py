@@ -70,6 +70,11 @@ def _bad(msg: str):
     raise ValueError(f"bad configuration: {msg}")
 
 
+def flag(key: str) -> str:
+    """The flag of a field or an option: micro_batch_size -> --micro-batch-size."""
+    return "--" + key.replace("_", "-")
+
+
 @dataclass
 class Config:
     # --- run ---
@@ -125,16 +130,16 @@ class Config:
                   "(frozen initial policy, a second model)", one_of("iterative", "init"))
 
     def _check_algorithm(self):
-        if self.beta is None and self.algo in L.SPECS:
-            self.beta = L.SPECS[self.algo].default_beta(DEFAULT_BETA)
         try:  # the loss's own rules: name, beta, clip, level, agg
-            loss_options(self)
+            opts = loss_options(self)
         except ValueError as e:  # named: --algo and the flags the message speaks of
             named = [f"--{k} {' '.join(map(str, v)) if k == 'clip' else v}"
                      for k, v in (("algo", self.algo), ("beta", self.beta), ("clip", self.clip),
                                   ("level", self.level), ("agg", self.agg))
                      if v is not None and (k == "algo" or k in str(e))]
             _bad(f"{' '.join(named)}{' --no-clip' * self.no_clip}: {e}")
+        if self.beta is None:  # the beta loss_options resolved, wherever it goes
+            self.beta = opts.beta + opts.reward_beta  # (one of the two is 0)
         self.clip = None if self.clip is None else [float(c) for c in self.clip]  # 'inf' stays inf
         adv = resolved_adv(self)
         if adv not in ADVANTAGES:
@@ -190,11 +195,10 @@ class Config:
         try:
             RC.check_options(mode, level, cap)
         except ValueError as e:  # named: the flag the message speaks of
-            flag = next((f"-{w}" for w in ("cap", "level") if f"correction {w}" in str(e)), "")
-            _bad(f"--rollout-correction{flag}: {e}")
+            which = next((f"-{w}" for w in ("cap", "level") if f"correction {w}" in str(e)), "")
+            _bad(f"--rollout-correction{which}: {e}")
         if mode == "none":
-            given = [f"--{k.replace('_', '-')}" for k in ("rollout_correction_level",
-                                                          "rollout_correction_cap")
+            given = [flag(k) for k in ("rollout_correction_level", "rollout_correction_cap")
                      if getattr(self, k) != DEFAULTS[k]]
             if given:
                 _bad(f"{' and '.join(given)} given without --rollout-correction tis|mis; add one, "
@@ -283,7 +287,7 @@ class Config:
         for f in dataclasses.fields(self):  # each field's own rule
             rule, v = f.metadata["rule"], getattr(self, f.name)
             if rule and v is not None and not rule.ok(v):
-                _bad(f"--{f.name.replace('_', '-')} must be {rule.words}, got {v!r}")
+                _bad(f"{flag(f.name)} must be {rule.words}, got {v!r}")
         self._check_run()
         self._fill_options()
         self._check_algorithm()
@@ -304,9 +308,13 @@ def engine_for(task: str, engine: str) -> str:
 
 
 def loss_options(cfg: Config) -> L.LossOptions:
-    """The loss's options, resolved once: beta split between the loss and the reward, the clip
-    bounds (the loss's default without --clip), level and aggregation."""
-    return L.resolve_options(cfg.algo, beta=cfg.beta, clip=cfg.clip, level=cfg.level,
+    """The run's loss options, resolved here and nowhere else: beta (None: DEFAULT_BETA, or 0 for
+    a loss with no KL term) and where it goes (the loss, or the reward for reinforce++), the clip
+    bounds (the loss's default without --clip), level and aggregation. The Config keeps the beta
+    resolved here; the loop reads everything else from the options (train.Run.loss)."""
+    spec = L.SPECS.get(cfg.algo)  # an unknown name: resolve_options lists the valid ones
+    beta = spec.default_beta(DEFAULT_BETA) if cfg.beta is None and spec else cfg.beta
+    return L.resolve_options(cfg.algo, beta=beta, clip=cfg.clip, level=cfg.level,
                              agg=cfg.agg, no_clip=cfg.no_clip, run=True)
 
 
@@ -353,7 +361,7 @@ def from_preset(preset: str | None = None, **given) -> Config:
     for key in [k for k in values if k in table]:
         kind, owner, _, f = table[key]
         if owner != (task if kind == "task" else engine):
-            _bad(f"--{key.replace('_', '-')} is an option of {kind}:{owner}, but this run uses "
+            _bad(f"{flag(key)} is an option of {kind}:{owner}, but this run uses "
                  f"task {task!r} and engine {engine!r}")
         mine[kind][f.name] = values.pop(key)
     return Config(**values, task_options=mine["task"], engine_options=mine["engine"])

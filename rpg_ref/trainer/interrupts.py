@@ -29,8 +29,10 @@ import signal
 import threading
 from pathlib import Path
 
-from rpg_ref.trainer import distributed as D
 from rpg_ref.trainer.checkpoint import latest_step
+from rpg_ref.trainer.collectives import rank
+from rpg_ref.trainer.distributed.liveness import silent_peers
+from rpg_ref.trainer.errors import Interrupted
 
 DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
@@ -68,14 +70,6 @@ def _restore(previous: dict) -> None:
         raise error
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that both end a run the same way."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
@@ -98,7 +92,7 @@ def interrupted_message(cfg, signum: int) -> str:
 
 def peer_line(what: str, wait_s: float = 4.0) -> str:
     """This rank stopped because another failed: which one, when the heartbeats tell."""
-    who = D.silent_peers(wait_s)
+    who = silent_peers(wait_s)
     where = (f"{'; '.join(who)}: look there first (torchrun's report names the first rank to exit)"
              if who else "torchrun's report names the rank that failed first")
-    return f"rank {D.rank()} stopped: another rank died or stopped responding ({what}); {where}"
+    return f"rank {rank()} stopped: another rank died or stopped responding ({what}); {where}"

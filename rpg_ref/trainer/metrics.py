@@ -36,7 +36,7 @@ bar, and the memory probes.
     peak_mem_mb            peak RSS of the process (CPU) or max CUDA memory allocated (GPU), MiB
     eval_*                 task evaluation (every --eval-every steps and at the end)
 
-Under torchrun (rpg_ref/trainer/distributed.py) every value covers all ranks' responses; time_* are
+Under torchrun (rpg_ref/trainer/distributed/) every value covers all ranks' responses; time_* are
 rank 0's, peak_mem_mb is the largest rank's, and rank 0 writes the file.
 """
 
@@ -53,8 +53,9 @@ import torch
 from torch import nn
 
 from rpg_ref.strict_json import dumps, loads, step_rows
-from rpg_ref.trainer import distributed as D
-from rpg_ref.trainer.checkpoint import ResumeError, atomic_write
+from rpg_ref.trainer.collectives import max_over_ranks
+from rpg_ref.trainer.errors import Diverged, ResumeError, flag_advice
+from rpg_ref.trainer.files import atomic_write
 
 
 class MetricsLog:
@@ -78,10 +79,9 @@ class MetricsLog:
         text = self.path.read_text() if self.path.exists() else ""
         return [ln for ln in text[: text.rfind("\n") + 1].splitlines() if ln.strip()]
 
-    def last_row(self) -> dict:
-        """The latest row written ({} for a new run)."""
-        rows = self._lines()
-        return loads(rows[-1]) if rows else {}
+    def rows(self) -> list[dict]:
+        """The rows written so far ([] for a new run)."""
+        return [loads(line) for line in self._lines()]
 
     def write(self, row: dict) -> None:
         with self.path.open("a") as f:
@@ -130,16 +130,6 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(out)
 
 
-class Diverged(RuntimeError):
-    """Training produced non-finite values: the run stops (one line naming the step and flags)."""
-
-
-def flag_advice(cfg) -> str:
-    """The flags that most often make a run diverge, with their values."""
-    clip = "" if cfg.grad_clip > 0 else f" or set --grad-clip > 0 (now {cfg.grad_clip:g}: off)"
-    return f"lower --lr (now {cfg.lr:g}){clip}"
-
-
 def failure_line(e: BaseException, out: Path, cfg, params) -> str | None:
     """One line for an error raised inside a step because values became non-finite (a sampler or
     a loss refusing NaN log-probs after an update blew the weights up); None for other errors."""
@@ -165,15 +155,34 @@ def last_step(path: Path) -> int:
 
 
 class Watch:
-    """Reads each step's row (values the loop has already computed, so it costs nothing): a
-    non-finite loss, gradient norm or entropy stops the run (Diverged) before the row and the
-    checkpoint are written; a zero gradient on every update of ZERO_STEPS steps in a row prints
-    one warning."""
+    """Run health, read off each step's row (values the loop has already computed: it costs
+    nothing), telling success from failure. ``check(row)`` runs before the row and the checkpoint
+    are written; ``verdict()`` at the end of the run:
 
-    ZERO_STEPS = 3
+    - diverged: a non-finite loss, gradient norm or entropy stops the run (Diverged, one line);
+    - converged: a gradient that is exactly 0 on every update of ZERO_STEPS steps in a row while
+      every response is correct (accuracy 1), and nothing pulls the policy elsewhere (pi_ref =
+      pi_old, or beta 0: the KL-regularized optimum is then that policy) -> summary.json's
+      "health" says so, and no warning;
+    - not learning: such a zero gradient otherwise (stuck on a wrong answer, or saturated away
+      from the optimum) -> a warning naming the steps;
+    - collapsed: the accuracy of the last WINDOW steps (the fraction of responses the task's
+      verifier marks correct: the reward's success part, on one [0, 1] scale for every task) is
+      below half of step 1's (the initial policy's) and below it by more than 3 standard errors of
+      that start, sqrt(p (1 - p) / n) for n responses, with step 1's at least MIN_START; or a
+      held-out accuracy (an eval_*accuracy* value) below half of the run's first evaluation ->
+      a warning naming the step it fell from and the likely flags.
 
-    def __init__(self, cfg):
-        self.cfg, self.zero, self.warned = cfg, [], False
+    ``verdict`` returns at most one warning per run (a collapse before a zero gradient): it is
+    printed once, at the end, on a line of its own (Progress.say)."""
+
+    ZERO_STEPS, WINDOW, MIN_START = 3, 10, 0.1
+
+    def __init__(self, cfg, rows: list = ()):
+        """``rows``: the run's rows so far (a resumed run's), read as if checked again."""
+        self.cfg, self.rows, self.zero, self.stuck, self.converged = cfg, [], [], None, None
+        for row in rows:
+            self.check(row)
 
     def check(self, row: dict) -> None:
         keys = ("entropy", "loss", "grad_norm") if row.get("updates") else ("entropy",)
@@ -181,22 +190,59 @@ class Watch:
         if bad:
             raise Diverged(f"step {row['step']}: {' and '.join(f'{k} is {row[k]}' for k in bad)}: "
                            f"training diverged; {flag_advice(self.cfg)}")
-        if row.get("updates") and row["grad_norm"] == 0:
-            self.zero.append(row["step"])
+        self.rows.append(row)
+        self.zero = self.zero + [row] if row.get("updates") and row["grad_norm"] == 0 else []
+        if len(self.zero) < self.ZERO_STEPS or self.stuck or self.converged:
+            return
+        at_optimum = self.cfg.ref == "iterative" or not self.cfg.beta
+        if at_optimum and all(r.get("accuracy") == 1 for r in self.zero):
+            self.converged = (f"converged at step {self.zero[0]['step']}: every response correct "
+                              f"and every update's gradient 0 (nothing left to learn)")
         else:
-            self.zero = []
-        if len(self.zero) >= self.ZERO_STEPS and not self.warned and D.is_main():
-            self.warned = True
-            print(f"rpg-train: warning: steps {self.zero[0]}-{self.zero[-1]}: every update had a "
-                  f"zero gradient (mean reward {row['reward']:.3g}, entropy "
-                  f"{row['entropy']:.3g}): the policy is not learning; if it diverged, "
-                  f"{flag_advice(self.cfg)}", file=sys.stderr, flush=True)
+            self.stuck = (f"steps {self.zero[0]['step']}-{row['step']}: every update had a zero "
+                          f"gradient (mean reward {row['reward']:.3g}, entropy "
+                          f"{row['entropy']:.3g}): the policy is not learning; if it diverged, "
+                          f"{flag_advice(self.cfg)}")
+
+    def collapse(self) -> str | None:
+        """The collapse rule (class docstring) on the rows so far: its line, or None."""
+        rows = self.rows
+        if len(rows) > self.WINDOW and rows[0]["step"] == 1 and "accuracy" in rows[0]:
+            p0, n = rows[0]["accuracy"], self.cfg.prompts_per_step * self.cfg.group_size
+            last = rows[-self.WINDOW:]
+            now = sum(r["accuracy"] for r in last) / len(last)
+            if p0 >= self.MIN_START and now < min(p0 / 2, p0 - 3 * math.sqrt(p0 * (1 - p0) / n)):
+                since = next(r["step"] for r in reversed(rows) if r["accuracy"] >= p0 / 2) + 1
+                reward = sum(r["reward"] for r in last) / len(last)
+                return (f"the policy collapsed: accuracy {now:.3g} over steps {last[0]['step']}-"
+                        f"{last[-1]['step']} (mean reward {reward:.3g}), down from {p0:.3g} at "
+                        f"step 1, every step below half of it since step {since}; "
+                        f"{flag_advice(self.cfg)}")
+        for key in dict.fromkeys(k for r in rows for k in r if k.startswith("eval_")
+                                 and "accuracy" in k):
+            evals = [(r["step"], r[key]) for r in rows if key in r]
+            (first_step, first), (step, now) = evals[0], evals[-1]
+            if len(evals) > 1 and first >= self.MIN_START and now < first / 2:
+                return (f"the policy collapsed: held-out {key[5:]} {now:.3g} at step {step}, "
+                        f"down from {first:.3g} at step {first_step}; {flag_advice(self.cfg)}")
+        return None
+
+    def verdict(self) -> str | None:
+        """At the end of the run: its one warning line, or None."""
+        line = self.collapse() or self.stuck
+        return None if line is None else f"rpg-train: warning: {line}"
+
+    def health(self) -> str:
+        """What summary.json records of the run's health."""
+        return self.collapse() or self.stuck or self.converged or "ok"
 
 
 class Progress:
     """A tqdm bar when tqdm is installed, else one line per step (or nothing when disabled).
     ``phase`` names the part of a step that is running (rollout, log-probs, update, evaluation,
-    checkpoint) in the bar's description while steps are slow (over a second)."""
+    checkpoint) in the bar's description while steps are slow (over a second). Used as a context
+    manager around the loop: a run that ends on an exception (Ctrl-C, a failure) clears the bar,
+    so that the one line saying why stands alone."""
 
     SLOW_S = 1.0
 
@@ -209,6 +255,15 @@ class Progress:
                 self.bar = tqdm(total=total, initial=initial, desc="rpg-train", dynamic_ncols=True)
             except ImportError:
                 pass
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if self.bar is not None:
+            self.bar.leave = kind is None  # an exception: its line replaces the bar
+            self.bar.set_description_str("rpg-train", refresh=False)
+            self.bar.close()
 
     def phase(self, name: str) -> None:
         if self.bar is not None and self.slow:
@@ -226,16 +281,18 @@ class Progress:
                 f"step {step}/{total} " + " ".join(f"{k}={v}" for k, v in msg.items()), flush=True
             )
 
-    def close(self):
+    def say(self, line: str) -> None:
+        """``line`` on stderr, never on the bar's line (tqdm clears it, writes, redraws it)."""
         if self.bar is not None:
-            self.bar.set_description_str("rpg-train", refresh=False)
-            self.bar.close()
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak memory in MiB: CUDA max allocated on GPU; on CPU the process's peak RSS (VmHWM). Under
     torchrun the largest rank's (every rank calls this: a collective)."""
-    return D.max_over_ranks(_peak_memory_mb(device))
+    return max_over_ranks(_peak_memory_mb(device))
 
 
 def _peak_memory_mb(device: torch.device) -> float:

@@ -13,35 +13,25 @@ stopped) before it started leaves no trace. Once the lock is held, the temporary
 that died (``.tmp_step_*``, ``.LATEST.tmp<PID>``, ``.<file>.tmp<PID>``) are leftovers and are
 removed: no live writer can own them.
 
-The folder's rules for a configuration live here too: ``check_out`` (OUT can be written, and a new
-run never writes into another run) and ``resume_config`` (the stored config of ``--resume OUT``,
-with the few flags a resume may change).
+What a configuration may do with a folder (a new run never writes into another run; --resume
+continues the stored config) is checked with the configuration, in rpg_ref/trainer/config_checks.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import os
 import shutil
 import socket
 import time
-import types
-import typing
 from pathlib import Path
 
-from rpg_ref.strict_json import loads
-from rpg_ref.trainer.checkpoint import latest_step
-from rpg_ref.trainer.config import DEFAULTS, Config
+from rpg_ref.trainer.errors import FolderBusy
 
 LOCK = ".lock"
 _HELD: dict[Path, RunLock] = {}  # resolved OUT -> this process's lock on it
-
-
-class FolderBusy(ValueError):
-    """Another process holds the run folder's lock."""
 
 
 class RunLock:
@@ -176,32 +166,6 @@ def remove_leftovers(out: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def mistyped(stored: dict, path: Path) -> str | None:
-    """One line naming ``path`` and the first field of a stored config (config.json) whose value
-    is not of its Config type; None when every value is."""
-    for name, hint in typing.get_type_hints(Config).items():
-        if name not in stored:
-            continue
-        v = stored[name]
-        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-        args = typing.get_args(hint) if union else (hint,)
-        if v is None and type(None) in args:
-            continue
-        kinds = [typing.get_origin(a) or a for a in args if a is not type(None)]  # list[x]: list
-        ok = any(
-            (k is float and isinstance(v, (int, float)) and not isinstance(v, bool))
-            or (k is int and isinstance(v, int) and not isinstance(v, bool))
-            or (k in (str, bool, dict) and isinstance(v, k))
-            or (k in (list, tuple) and isinstance(v, list))
-            for k in kinds
-        )
-        if not ok:
-            want = " or ".join(getattr(k, "__name__", str(k)) for k in kinds)
-            return (f"{path}: {name} is {v!r}, not a {want}; correct the file (it is what "
-                    f"--resume continues)")
-    return None
-
-
 def busy(args: list, error: str) -> str | None:
     """The lock holder's line when the folder a refusal names (--resume DIR or --out DIR in
     ``args``) is in use by another process: that is the reason."""
@@ -211,64 +175,3 @@ def busy(args: list, error: str) -> str | None:
         if flag in ("--resume", "--out") and folder and folder in error:
             return in_use(Path(folder))
     return None
-
-
-def check_out(cfg: Config) -> None:
-    """OUT is a folder we can create or reuse, and a new run never writes into another run."""
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(
-            f"bad configuration: --out {out} exists and is not a folder; choose another --out")
-    ancestor = out
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not os.access(ancestor, os.W_OK):
-        raise ValueError(
-            f"bad configuration: --out {out}: cannot write in {ancestor}; choose another --out")
-    if not cfg.resume and (out / "config.json").exists():
-        stored = {**DEFAULTS, **loads((out / "config.json").read_text())}
-        diff = sorted(k for k, v in dataclasses.asdict(cfg).items()
-                      if stored.get(k) != v and k not in ("progress", "tensorboard", "resume"))
-        if not diff and latest_step(out) == 0:
-            return  # the same run, stopped before its first checkpoint: it starts again from step 1
-        what = f"a different config (fields {diff})" if diff else "the same config"
-        raise ValueError(f"bad configuration: output folder {out} already holds a run with {what}; "
-                         f"pass --resume {out} to continue it, or choose another --out")
-
-
-# what --resume OUT may change; every other flag must equal the stored run's
-RESUME_CHANGEABLE = ("steps", "progress", "tensorboard", "eval_every", "save_every",
-                     "keep_checkpoints", "dist_timeout")
-
-
-def resume_config(given: dict) -> Config:
-    """The stored config of run folder ``given["resume"]`` with the flags ``given`` that may change,
-    continued there (wherever the run was first written: a moved folder, or a relative --out
-    resumed from another working directory, stays where it is)."""
-    out = Path(given["resume"])
-    if "out" in given:
-        raise ValueError(f"--resume {out} continues the run in {out}: drop --out")
-    path = out / "config.json"
-    if not path.is_file():
-        raise ValueError(f"--resume {out}: no run there ({path} not found)")
-    try:
-        stored = loads(path.read_text())
-        cfg = Config(**stored)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"--resume {out}: {path} is not an rpg-train config ({e})") from e
-    if wrong := mistyped(stored, path):
-        raise ValueError(f"--resume {out}: {wrong}")
-    flat = {**stored, **{f"{cfg.task}_{k}": v for k, v in cfg.task_options.items()},
-            **{f"{cfg.engine}_{k}": v for k, v in cfg.engine_options.items()}}
-    differ = {k: (flat.get(k), v) for k, v in given.items()
-              if k not in (*RESUME_CHANGEABLE, "resume") and flat.get(k) != v}
-    if differ:
-        raise ValueError(f"--resume {out}: flags differ from the stored run's config: {differ}; "
-                         f"only {sorted(RESUME_CHANGEABLE)} may change on resume")
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if k in RESUME_CHANGEABLE},
-                              resume=str(out), out=str(out))
-    reached = latest_step(out)
-    if cfg.steps < reached:
-        raise ValueError(f"--resume {out}: --steps {cfg.steps} is below the step the run has "
-                         f"reached ({reached}); pass --steps >= {reached}")
-    return cfg

@@ -24,9 +24,10 @@ model lives in memory. ``--ref init`` keeps a frozen copy of the initial policy 
 setting): a second model. Losses and advantages are imported, never re-implemented here.
 
 The loop is single-process code over the step's whole batch. Under torchrun the ranks split the
-work inside the calls to rpg_ref/trainer/distributed.py (``Workers``: sampling, scoring,
-evaluation and the final policy; ``map_rows``: log-probs; ``from_main``, ``micro_batches``,
-``sum_over_ranks``: the update); with one process each of them is the plain call.
+work inside the calls of rpg_ref/trainer/distributed/workers.py (``Workers``: sampling, scoring,
+evaluation and the final policy; ``map_rows``: log-probs; ``rank_micro_batches``: the update)
+and meet in rpg_ref/trainer/collectives.py (``from_main``, ``sum_over_ranks``); with one process
+each of them is the plain call.
 
 Everything else lives next door: the flags in rpg_ref/trainer/config.py and rpg_ref/cli.py, the
 presets in rpg_ref/trainer/presets.py, what a task or an engine must provide in
@@ -56,15 +57,18 @@ from rpg_ref.interfaces import Batch, Prompt, collate, init_seed
 from rpg_ref.models.logprobs import micro_batches, token_logprobs
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.strict_json import dumps, loads
-from rpg_ref.trainer import distributed
 from rpg_ref.trainer.checkpoint import (
-    atomic_write,
     checkpoint_state,
     latest_step,
     load_checkpoint,
     save_checkpoint,
 )
+from rpg_ref.trainer.collectives import from_main, sum_over_ranks
 from rpg_ref.trainer.config import Config, loss_options, resolved_adv
+from rpg_ref.trainer.distributed.setup import Rank, agree, all_set_up, join
+from rpg_ref.trainer.distributed.sharding import shard
+from rpg_ref.trainer.distributed.workers import Workers, map_rows, rank_micro_batches
+from rpg_ref.trainer.files import atomic_write
 from rpg_ref.trainer.interrupts import signals_deferred
 from rpg_ref.trainer.metrics import (
     MetricsLog,
@@ -74,7 +78,7 @@ from rpg_ref.trainer.metrics import (
     peak_memory_mb,
 )
 from rpg_ref.trainer.rollout_correction import weights_for_batch
-from rpg_ref.trainer.sampler_lag import build_engine, checkpoint_files
+from rpg_ref.trainer.sampler_lag import OnPolicy, build_engine
 from rpg_ref.trainer.shaping import overlong_penalty
 
 # =============================================================================================
@@ -160,7 +164,7 @@ def batch_logprobs(model: nn.Module, b: Batch, cfg: Config,
                 ent[idx, : e.shape[1]] = e
         return logp, ent
 
-    return distributed.map_rows(rows_logprobs, b, model)
+    return map_rows(rows_logprobs, b, model)
 
 
 # =============================================================================================
@@ -186,7 +190,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
     n_upd, early, train_tokens = 0, False, 0
     while n_upd < K and not early:
         # [N] one order for every rank (rank 0's draw): the ranks share each mini-batch
-        perm = distributed.from_main(torch.randperm(N)).to(b.mask.device)
+        perm = from_main(torch.randperm(N)).to(b.mask.device)
         for j in range(min(per_pass, K - n_upd)):
             mb = b.index(perm[j * M : (j + 1) * M])  # [M] rows
             opt.zero_grad(set_to_none=True)
@@ -194,8 +198,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
             mb_stats = dict.fromkeys((*STAT_KEYS, "loss"), 0.0)
             # padding cut per micro-batch; torchrun: this rank's share of mb (and as many
             # micro-batches on every rank: FSDP's collectives are per pass)
-            for ub, live in distributed.micro_batches(mb, cfg.micro_batch_size,
-                                                      cfg.micro_batch_tokens):
+            for ub, live in rank_micro_batches(mb, cfg.micro_batch_size, cfg.micro_batch_tokens):
                 # [mu, T']
                 logp = token_logprobs(policy, ub, cfg.temperature, chunk=cfg.logprob_chunk)
                 loss, stats = loss_fn(logp, ub.old_logp, ub.adv, ub.mask, ref_logp=ub.ref_logp,
@@ -208,7 +211,7 @@ def update(policy: nn.Module, opt: torch.optim.Optimizer, b: Batch, cfg: Config,
                 mb_stats["loss"] += float(loss.detach()) * frac
                 for k in STAT_KEYS:
                     mb_stats[k] += float(stats[k]) * frac
-            mb_stats = distributed.sum_over_ranks(mb_stats)  # torchrun: the ranks' shares add up
+            mb_stats = sum_over_ranks(mb_stats)  # torchrun: the ranks' shares add up
             window.append(mb_stats["kl_old"])
             if sum(window) / len(window) > cfg.kappa:  # trust region left: this step is not applied
                 early = True
@@ -255,11 +258,11 @@ def seed_everything(seed: int) -> None:
 class Run(NamedTuple):
     """Everything the loop needs; built by ``prepare`` before anything is written."""
 
-    rank: distributed.Rank  # this process: its device; under torchrun its rank and the world size
+    rank: Rank  # this process: its device; under torchrun its rank and the world size
     task: Any  # rpg_ref.interfaces.Task
     policy: nn.Module  # pi_theta; pi_old lives on as stored log-probs
     ref: nn.Module | None  # pi_ref (--ref init), else None: pi_ref = pi_old
-    engine: Any  # rpg_ref.interfaces.Engine
+    engine: OnPolicy  # the Engine protocol, and the engine's part of a checkpoint (sampler_lag)
     opt: torch.optim.Optimizer
     gen: torch.Generator  # the prompt stream
     loss: LossOptions  # the loss's options, resolved once (rpg_ref.trainer.config.loss_options)
@@ -267,12 +270,27 @@ class Run(NamedTuple):
 
 def prepare(cfg: Config) -> Run:
     """Build the task (reads its data), the policy (loads its model), pi_ref, the engine and the
-    optimizer. A bad input raises ValueError here, before OUT is created."""
-    rank = distributed.init(cfg, torch.device(  # torchrun: join the group, cuda:LOCAL_RANK
-        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device))
-    device = rank.device
+    optimizer. A bad input raises ValueError here, before OUT is created (torchrun: on every rank,
+    at once)."""
+    rank = join(cfg)  # torchrun: the process group, cuda:LOCAL_RANK
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    engine_cls, task, policy, ref = agree(lambda: build(cfg, rank.device))
+    engine = build_engine(engine_cls, policy, task, cfg)  # --sampler-lag K: K updates old
+    policy, ref = shard(policy, ref)  # torchrun: FSDP2, 1/world of each per rank
+    all_set_up()  # torchrun: once every rank has built and checked its inputs
+    # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
+    params = list(policy.parameters())
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=tuple(cfg.adam_betas), fused=fused)
+    seed_everything(cfg.seed + 1 + rank.seed_offset)  # the same stream, cached artifacts or not
+    return Run(rank, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
+               loss_options(cfg))
+
+
+def build(cfg: Config, device: torch.device) -> tuple:
+    """(the engine's class, the task, the policy, pi_ref or None), each input checked."""
     engine_cls = resolve(ENGINES, cfg.engine, "engine")
     getattr(engine_cls, "check_available", lambda: None)()  # a missing vLLM: before any cache
     seed_everything(init_seed(cfg))  # the model's init and the task's warm start: --init-seed
@@ -286,17 +304,7 @@ def prepare(cfg: Config) -> Run:
     # no dropout, ever: w = pi_theta / pi_old must be exactly 1 before the first update
     policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
-    engine = build_engine(engine_cls, policy, task, cfg)  # --sampler-lag K: K updates old
-    # torchrun: FSDP2, 1/world of each per rank; returns once every rank has checked its inputs
-    policy, ref = distributed.shard(policy, ref)
-    # fused AdamW (one kernel per step) where torch has it for every parameter: float on CPU/CUDA
-    params = list(policy.parameters())
-    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            betas=tuple(cfg.adam_betas), fused=fused)
-    seed_everything(cfg.seed + 1 + rank.seed_offset)  # the same stream, cached artifacts or not
-    return Run(rank, task, policy, ref, engine, opt, torch.Generator().manual_seed(cfg.seed + 2),
-               loss_options(cfg))
+    return engine_cls, task, policy, ref
 
 
 def finished(cfg: Config) -> bool:
@@ -314,98 +322,102 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     rank, task, policy, ref, opt, gen = run.rank, run.task, run.policy, run.ref, run.opt, run.gen
     device, loss_opts = rank.device, run.loss
     # the task and the engine over every rank (one process: their own calls)
-    workers = distributed.Workers(task, run.engine, policy)
+    workers = Workers(task, run.engine, policy)
     if rank.main:  # rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         if not cfg.resume:
             atomic_write(out / "config.json", dumps(dataclasses.asdict(cfg), indent=1))
-    start = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else 0
-    if start:
-        workers.sync_weights(resumed=out)  # the engine was built before the checkpoint was loaded
+    resumed = load_checkpoint(out, policy, ref, opt, gen) if cfg.resume else None
+    start = resumed.step if resumed else 0
+    if resumed:
+        workers.restore(resumed.folder)  # the engine was built before the checkpoint was loaded
     log = MetricsLog(out, start, cfg.tensorboard) if rank.main else None
     bar = Progress(cfg.steps, start, cfg.progress and rank.main)
     model_params = sum(p.numel() for p in policy.parameters())
-    row = log.last_row() if log else {}  # {} for a new run
+    rows = log.rows() if log else []  # a resumed run's rows so far
+    row = rows[-1] if rows else {}
     last_eval = {k: v for k, v in row.items() if k.startswith("eval_")}
     live_params, t_run = None, time.perf_counter()
-    watch = Watch(cfg)  # non-finite values stop the run; a gradient that stays 0 is reported
+    watch = Watch(cfg, rows)  # non-finite values stop the run; health is judged at its end
 
-    for step in range(start + 1, cfg.steps + 1):
-        t_step = time.perf_counter()
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        for param_group in opt.param_groups:
-            param_group["lr"] = lr_at(step, cfg)
+    with bar:  # the progress bar, cleared if the loop ends on an exception
+        for step in range(start + 1, cfg.steps + 1):
+            t_step = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            for param_group in opt.param_groups:
+                param_group["lr"] = lr_at(step, cfg)
 
-        # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
-        bar.phase("rollout")
-        workers.wake()
-        batch, info = rollout(task, workers, cfg, gen, device)  # N = prompts x G rows
-        workers.sleep()
+            # --- 1-2. rollout with pi_old (= the current policy) and scoring ---
+            bar.phase("rollout")
+            workers.wake()
+            batch, info = rollout(task, workers, cfg, gen, device)  # N = prompts x G rows
+            workers.sleep()
 
-        # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
-        bar.phase("log-probs")
-        t0 = time.perf_counter()
-        batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
-        if ref is not None:
-            batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
-        mask = batch.mask  # [N, T]
-        batch.adv = compute_advantages(  # [N], or [N, T] for the token-level estimators
-            resolved_adv(cfg), batch.rewards, cfg.group_size, mask=mask,
-            old_logp=batch.old_logp, beta=loss_opts.reward_beta,
-            ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
-        # --rollout-correction: pi_old / pi_sampler weights
-        rc_stats = weights_for_batch(batch, cfg)
-        t_lp = time.perf_counter() - t0
+            # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
+            bar.phase("log-probs")
+            t0 = time.perf_counter()
+            batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
+            if ref is not None:
+                batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
+            mask = batch.mask  # [N, T]
+            batch.adv = compute_advantages(  # [N], or [N, T] for the token-level estimators
+                resolved_adv(cfg), batch.rewards, cfg.group_size, mask=mask,
+                old_logp=batch.old_logp, beta=loss_opts.reward_beta,
+                ref_logp=batch.ref_logp if batch.ref_logp is not None else batch.old_logp)
+            # --rollout-correction: pi_old / pi_sampler weights
+            rc_stats = weights_for_batch(batch, cfg)
+            t_lp = time.perf_counter() - t0
 
-        # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with their own weights re-sync) ---
-        bar.phase("update")
-        t0 = time.perf_counter()
-        upd = update(policy, opt, batch, cfg, loss_opts)
-        t_upd = time.perf_counter() - t0
-        workers.sync_weights()
+            # --- 5. the inner loop; 6. pi_old <- pi_theta (engines with own weights re-sync) ---
+            bar.phase("update")
+            t0 = time.perf_counter()
+            upd = update(policy, opt, batch, cfg, loss_opts)
+            t_upd = time.perf_counter() - t0
+            workers.sync_weights()
 
-        # --- 7. metrics (keys explained in rpg_ref/trainer/metrics.py) and checkpoint ---
-        n_tok = mask.sum()  # the batch's response tokens
-        row = {"step": step, "reward": float(batch.rewards.mean()),
-               "accuracy": float(batch.correct.float().mean()),
-               "entropy": float((ent * mask).sum() / n_tok),
-               "response_len": float(mask.sum(1).mean()),
-               **{k: v for k, v in upd.items() if k != "train_tokens"},
-               "kl_ref": 0.0, "lr": opt.param_groups[0]["lr"]}
-        if ref is not None:  # token-mean k3 estimate of KL(pi_old || pi_ref)
-            row["kl_ref"] = float((k3(batch.ref_logp - batch.old_logp) * mask).sum() / n_tok)
-        if batch.sampler_logp is not None:
-            diff = (batch.sampler_logp - batch.old_logp).abs() * mask  # [N, T]
-            row["logprob_diff_max"] = float(diff.max())
-        row.update(rc_stats)
-        row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
-        row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
-                   train_tokens_per_s=upd["train_tokens"] / max(t_upd, 1e-9),
-                   time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
-                   time_logprob=t_lp, time_update=t_upd)
-        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            bar.phase("evaluation")
-            last_eval = {f"eval_{k}": v for k, v in workers.evaluate().items()}  # rank 0's
-            row.update(last_eval)
-        row["time_step"] = time.perf_counter() - t_step
-        row["peak_mem_mb"] = peak_memory_mb(device)  # torchrun: the largest rank's
-        if live_params is None:
-            live_params = live_parameter_count()
-        watch.check(row)  # before the row and the checkpoint are written
-        ckpt = None
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            bar.phase("checkpoint")
-            ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective, kept outside
-            ckpt.update(checkpoint_files(run.engine))  # --sampler-lag: the sampler's weight history
-        with signals_deferred():  # a signal waits until the row and the checkpoint are both written
-            if log:
-                log.write(row)
-            bar.update(step, cfg.steps, row)
-            if ckpt is not None:
-                save_checkpoint(out, step, ckpt, cfg, keep=cfg.keep_checkpoints)
-    bar.close()
+            # --- 7. metrics (keys explained in rpg_ref/trainer/metrics.py) and checkpoint ---
+            n_tok = mask.sum()  # the batch's response tokens
+            row = {"step": step, "reward": float(batch.rewards.mean()),
+                   "accuracy": float(batch.correct.float().mean()),
+                   "entropy": float((ent * mask).sum() / n_tok),
+                   "response_len": float(mask.sum(1).mean()),
+                   **{k: v for k, v in upd.items() if k != "train_tokens"},
+                   "kl_ref": 0.0, "lr": opt.param_groups[0]["lr"]}
+            if ref is not None:  # token-mean k3 estimate of KL(pi_old || pi_ref)
+                row["kl_ref"] = float((k3(batch.ref_logp - batch.old_logp) * mask).sum() / n_tok)
+            if batch.sampler_logp is not None:
+                diff = (batch.sampler_logp - batch.old_logp).abs() * mask  # [N, T]
+                row["logprob_diff_max"] = float(diff.max())
+            row.update(rc_stats)
+            row.update({k: v for k, v in info.items() if k.startswith("dyn_")})
+            row.update(gen_tokens_per_s=info["gen_tokens"] / max(info["time_rollout"], 1e-9),
+                       train_tokens_per_s=upd["train_tokens"] / max(t_upd, 1e-9),
+                       time_rollout=info["time_rollout"], time_scoring=info["time_scoring"],
+                       time_logprob=t_lp, time_update=t_upd)
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                bar.phase("evaluation")
+                last_eval = {f"eval_{k}": v for k, v in workers.evaluate().items()}  # rank 0's
+                row.update(last_eval)
+            row["time_step"] = time.perf_counter() - t_step
+            row["peak_mem_mb"] = peak_memory_mb(device)  # torchrun: the largest rank's
+            if live_params is None:
+                live_params = live_parameter_count()
+            watch.check(row)  # before the row and the checkpoint are written
+            ckpt = None
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                bar.phase("checkpoint")
+                ckpt = checkpoint_state(policy, ref, opt, gen)  # torchrun: a collective: outside
+                ckpt.update(run.engine.state())  # --sampler-lag: the sampler's weight history
+            with signals_deferred():  # a signal waits until the row and the checkpoint are written
+                if log:
+                    log.write(row)
+                bar.update(step, cfg.steps, row)
+                if ckpt is not None:
+                    save_checkpoint(out, step, ckpt, cfg, keep=cfg.keep_checkpoints)
 
+    if rank.main and (warning := watch.verdict()):  # a collapse, or a policy that stopped learning
+        bar.say(warning)
     if live_params is None:
         live_params = live_parameter_count()
     # torchrun: every rank takes part; rank 0 gets a plain copy of the policy, the others None
@@ -413,7 +425,7 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
                "eval": last_eval, "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params, "world_size": rank.world,
-               "wall_time_s_this_process": time.perf_counter() - t_run,
+               "wall_time_s_this_process": time.perf_counter() - t_run, "health": watch.health(),
                **(task.summary(plain, cfg) if rank.main else {})}
     if hasattr(task, "finish"):  # the task's last artifacts; summary.json then marks the run done
         task.finish(plain, out)
