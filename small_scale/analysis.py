@@ -359,7 +359,9 @@ def report(a: dict) -> str:
               "|---|---|---|---|---|"]
         for name, s in a["select"].items():
             for v, c in s["candidates"].items():
-                L.append(f"| {name} | {v} | {c['score']:.3f} | {c['floored']:.2f} | {c['n']} |")
+                extra = (f" (gain {c['gain']:+.3f}, job {c['job']:+.3f})" if "gain" in c else "")
+                L.append(f"| {name} | {v} | {c['score']:.3f}{extra} | {c['floored']:.2f} | "
+                         f"{c['n']} |")
             L.append(f"| {name} | **chosen: {s['choice']}** | "
                      f"{'inside' if s['inside_range'] else 'outside'} the range | | "
                      f"{'complete' if s['complete'] else 'incomplete'} |")

@@ -20,7 +20,7 @@ prints, for each response length, what is resident on the GPU in the two phases 
       pinned CPU memory; hf: the trainer's state stays, plus the engine's bf16 copy and a static
       KV cache for as many sequences as fit.
 
---ranks N: per GPU of an N-rank torchrun run (rpg_ref/trainer/distributed.py, FSDP2): weights,
+--ranks N: per GPU of an N-rank torchrun run (FSDP2: rpg_ref/trainer/distributed/): weights,
 gradients and AdamW state are 1/N each; during the update the root unit (embeddings = tied head,
 final norm) stays unsharded from forward to backward with its gradient, and a decoder layer is
 all-gathered at a time (plus FSDP's prefetch of the next, plus one layer's unsharded gradient);
@@ -122,7 +122,7 @@ def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int
     shard = "" if ranks == 1 else f" (1/{ranks} shard)"
     train = {f"fp32 master weights{shard}": 4 * n / ranks, f"fp32 gradients{shard}": 4 * n / ranks,
              f"AdamW m,v ({adam_bytes} B/param){shard}": adam_bytes * n / ranks}
-    if ranks > 1:  # FSDP2 units (rpg_ref.trainer.distributed.shard)
+    if ranks > 1:  # FSDP2 units (rpg_ref.trainer.distributed.sharding.shard)
         root = parts["embed"] + parts["lm_head"] + parts["final_norm"]
         layer = parts["layers"] / c["num_hidden_layers"]
         train["FSDP root unit unsharded fp32 + its gradient"] = 8 * root
@@ -133,7 +133,7 @@ def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int
     train["CUDA context + allocator slack"] = reserve_gib * GiB
     kv_tok = kv_bytes_per_token(c)
     out = {"params": n, "seq": seq, "train": train, "train_total": sum(train.values())}
-    # rpg_ref.trainer.distributed.gathered: the full fp32 policy
+    # rpg_ref.trainer.checkpoint_shards.plain_copy: the full fp32 policy
     gathered = 0 if ranks == 1 else 4 * n
     if engine == "hf":  # the trainer's weights and AdamW state stay; gradients were freed
         resident = (4 + adam_bytes) * n / ranks + gathered

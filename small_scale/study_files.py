@@ -160,6 +160,12 @@ def select(spec: dict, rows: list[dict]) -> dict:
     "share" (beta): share = value * mean over seeds of (kl * length / reward) at the end of
       training, the regularizer's part of the objective; the choice is the candidate whose share
       is nearest ``target`` within ``range`` (the same fallback).
+    "gain-and-job" (several names at once, "token_cost,beta": a candidate's key holds their
+      values in that order): gain = mean over seeds of the candidate cell's outcome minus the
+      ``reference_cell``'s (what RL adds to the warm start), job = mean over seeds of the cell's
+      outcome minus its ``base`` cell's (beta 0: what the KL term changes); score =
+      min(gain - ``min_gain``, job). The choice is the candidate with the largest score ("inside
+      the range" when it is > 0: both criteria met), the smaller key on a tie.
     Complete: every cell of the study has all its planned seeds but those of the study's
     ``exclude`` rule, which do not count in any score (study.py does not run them)."""
     done = {(r["cell"], r["seed"]) for r in rows}
@@ -169,6 +175,9 @@ def select(spec: dict, rows: list[dict]) -> dict:
     rows = [r for r in rows if r["seed"] not in dropped]
     out = {}
     for name, rule in spec["analysis"]["select"].items():
+        if rule["rule"] == "gain-and-job":
+            out[name] = {**gain_and_job(rule, rows), "complete": complete}
+            continue
         cands = {}
         for value, cells in rule["candidates"].items():
             if rule["rule"] == "offpolicy-cost":
@@ -202,6 +211,27 @@ def select(spec: dict, rows: list[dict]) -> dict:
     return out
 
 
+def gain_and_job(rule: dict, rows: list[dict]) -> dict:
+    """The "gain-and-job" choice (select's docstring): {candidates, choice, inside_range}."""
+    vals = values(rows, rule["outcome"])
+    ref = vals.get(rule["reference_cell"], {})
+    cands = {}
+    for key, c in rule["candidates"].items():
+        mine, base = vals.get(c["cell"], {}), vals.get(c["base"], {})
+        seeds = sorted(set(mine) & set(ref) & set(base))
+        if not seeds:
+            continue
+        gain = float(np.mean([mine[s] - ref[s] for s in seeds]))
+        job = float(np.mean([mine[s] - base[s] for s in seeds]))
+        cands[key] = {"score": min(gain - rule["min_gain"], job), "gain": gain, "job": job,
+                      "floored": 0.0, "n": len(seeds)}
+    choice = max(cands, key=lambda k: (cands[k]["score"], [-float(x) for x in k.split(",")]),
+                 default=None)
+    return {"candidates": cands,
+            "choice": None if choice is None else tuple(float(x) for x in choice.split(",")),
+            "inside_range": choice is not None and cands[choice]["score"] > 0}
+
+
 def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibration") -> dict:
     """{name: value} the calibration study ``study`` chose (study.py substitutes them into the
     studies whose "calibration" names it); a StudyError while it is incomplete or chose
@@ -216,5 +246,6 @@ def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibratio
         if s["choice"] is None:
             raise StudyError(f"the calibration chose no {name}: no candidate met its rule; "
                              f"extend the grid in small_scale/studies/{study}.json")
-        got[name] = s["choice"]
+        names, choice = name.split(","), s["choice"]
+        got.update(zip(names, choice if isinstance(choice, tuple) else (choice,)))
     return got

@@ -154,6 +154,43 @@ def test_lag_0_and_init_seed_equal_to_seed_are_the_run_without_the_flags(tmp_pat
     assert not same(plain, lag1)
 
 
+@pytest.mark.parametrize("task", ["bandit", "seq"])
+def test_pi_old_sampler_without_a_lag_is_the_run_without_the_flag(tmp_path, cache_dir, task):
+    """--pi-old sampler with no stale sampler (the sampler is the policy): bitwise the weights
+    and exactly the metrics of the run without the flag."""
+    argv = (["--preset", "bandit", "--steps", "20"] if task == "bandit"
+            else small_seq_argv(steps=6, eval_every=3, cache_dir=cache_dir))
+    for name, extra in (("plain", []), ("coupled", ["--pi-old", "sampler"])):
+        run([*argv, "--seed", "3", "--out", str(tmp_path / name), *extra])
+    last = 20 if task == "bandit" else 6
+    assert same(weights(tmp_path / "plain", last), weights(tmp_path / "coupled", last))
+    assert strip(rows(tmp_path / "plain")) == strip(rows(tmp_path / "coupled"))
+
+
+def test_pi_old_sampler_takes_the_ratio_against_the_stale_sampler(tmp_path, cache_dir):
+    """A seq run with --sampler-lag 2 and one update per rollout batch. --pi-old current (the
+    default): pi_old is the policy at the start of the step, so the one update sees w = 1 on every
+    token (ratio_mean 1, the clip never binds) and the engine's log-probs differ from pi_old's by
+    the 2 updates' change. --pi-old sampler: pi_old is the sampler, so the recomputed log-probs are
+    the engine's own (up to float rounding), and the ratio moves away from 1 from step 2 on, the
+    first step whose sampler (the initial weights until step 3) is older than the policy."""
+    argv = small_seq_argv(steps=8, eval_every=8, cache_dir=cache_dir, lr=3e-3, sampler_lag=2,
+                          mini_batch_size=16)
+    out = {}
+    for mode in ("current", "sampler"):
+        run([*argv, "--seed", "1", "--out", str(tmp_path / mode), "--pi-old", mode])
+        out[mode] = rows(tmp_path / mode)
+    for r in out["current"]:
+        assert abs(r["ratio_mean"] - 1) < 1e-5
+        assert r["clip_frac_low"] == r["clip_frac_high"] == 0
+    late = [r for r in out["current"] if r["step"] >= 2]
+    assert min(r["logprob_diff_max"] for r in late) > 1e-3     # the sampler is behind
+    for r in out["sampler"]:
+        assert r["logprob_diff_max"] < 1e-4                    # pi_old is the sampler
+    assert abs(out["sampler"][0]["ratio_mean"] - 1) < 1e-5     # step 1: sampler = policy
+    assert max(abs(r["ratio_mean"] - 1) for r in out["sampler"][1:]) > 1e-3
+
+
 def test_resume_with_a_lag_is_bitwise(tmp_path, cache_dir):
     """A seq run with --sampler-lag 3 and TIS stopped after 4 steps and resumed to 9 ends with
     bitwise the weights, AdamW state and lag history, and exactly the metrics (all but timings),

@@ -70,7 +70,7 @@ class CarryTask:
         layers: int = field(default=2, metadata={"help": "transformer layers"})
         heads: int = field(default=4, metadata={"help": "attention heads"})
         warm_steps: int = field(
-            default=400, metadata={"help": "supervised warm-start steps (0 = none)"})
+            default=800, metadata={"help": "supervised warm-start steps (0 = none)"})
         warm_lr: float = field(default=3e-3, metadata={"help": "warm-start learning rate"})
         warm_batch: int = field(default=64, metadata={"help": "warm-start batch size"})
         eval_size: int = field(

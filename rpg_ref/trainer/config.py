@@ -182,6 +182,12 @@ class Config:
                           "the sampler's log-probs, as an asynchronous trainer does; pi_old stays "
                           "the policy at the start of step t, so --rollout-correction tis|mis "
                           "corrects the staleness (docs/trainer.md). 0: on-policy", AT_LEAST_0)
+    pi_old: str = _f("current", "what pi_old is, against which the loss takes its ratio, its clip "
+                     "and (--ref iterative) its KL: 'current', the policy at the start of the step "
+                     "(log-probs recomputed; a stale sampler's samples are then off pi_old, which "
+                     "--rollout-correction corrects: decoupled, as AReaL), or 'sampler', the "
+                     "policy that drew the samples (the paper's Algorithm, x ~ pi_old: coupled). "
+                     "The same without --sampler-lag", one_of("current", "sampler"))
 
     def _check_rollout(self):
         if self.overlong_buffer > self.max_new_tokens:

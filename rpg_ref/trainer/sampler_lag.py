@@ -7,6 +7,7 @@ Both follow the Engine protocol (rpg_ref.interfaces: generate, sync_weights, sle
 what the loop needs beyond it, the same three calls for every run:
 
     evaluate(task, policy)  the task's evaluation with the CURRENT policy's weights in the engine
+    behaviour(policy)       the module whose weights drew the last samples (--pi-old sampler)
     state()                 {file name: content} the engine adds to every checkpoint
     restore(policy, ck)     after a resume from checkpoint folder ck: the engine as it was there
 
@@ -73,6 +74,10 @@ class OnPolicy:
     def evaluate(self, task, policy: nn.Module) -> dict:
         return task.evaluate(policy, self.engine)
 
+    def behaviour(self, policy: nn.Module) -> nn.Module:
+        """The module whose weights drew the last samples (--pi-old sampler): the policy."""
+        return policy
+
     def state(self) -> dict:
         return {}
 
@@ -130,6 +135,10 @@ class LaggedEngine(OnPolicy):
     def evaluate(self, task, policy: nn.Module) -> dict:
         with self.current(policy):
             return task.evaluate(policy, self.engine)
+
+    def behaviour(self, policy: nn.Module) -> nn.Module:
+        """The sampler, which holds the weights K updates old that drew the last samples."""
+        return self.sampler
 
     def state(self) -> dict:
         return {LAG_FILE: {"history": list(self.history)}}

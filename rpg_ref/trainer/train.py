@@ -7,6 +7,7 @@ The paper trains (sec:experiments; Algorithm alg:offpolicy_rpg_rf_ppo_dualclip_v
          (--sampler-lag K: with the policy of K updates before, trainer.sampler_lag)
       2. score them: R = reward(x) (+ DAPO's overlong penalty)                        rollout
       3. log pi_old(x) in one forward pass, stored: the ONLY copy of pi_old           train, "3."
+         (--pi-old sampler: pi_old is the policy that drew x, a stale sampler's own weights)
          (--ref init: also log pi_ref(x) of the frozen initial policy; --rollout-correction:
          weights pi_old(x) / pi_sampler(x) from the engine's log-probs: trainer.rollout_correction)
       4. A = advantage(R)  (group mean by default; core.advantages)                   train, "4."
@@ -357,7 +358,9 @@ def train(cfg: Config, run: Run | None = None) -> dict:
             # --- 3. log pi_old, stored once (and log pi_ref); 4. advantages ---
             bar.phase("log-probs")
             t0 = time.perf_counter()
-            batch.old_logp, ent = batch_logprobs(policy, batch, cfg, entropy=True)  # [N, T] each
+            # --pi-old sampler: pi_old is the policy that drew x (coupled); else the current one
+            pi_old = run.engine.behaviour(policy) if cfg.pi_old == "sampler" else policy
+            batch.old_logp, ent = batch_logprobs(pi_old, batch, cfg, entropy=True)  # [N, T] each
             if ref is not None:
                 batch.ref_logp, _ = batch_logprobs(ref, batch, cfg, entropy=False)
             mask = batch.mask  # [N, T]
