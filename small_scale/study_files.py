@@ -98,7 +98,7 @@ def planned_seeds(spec: dict, cell: str) -> range:
     calibration on other seeds than the study it calibrates chooses nothing from that study's
     own draws)."""
     first = spec.get("first_seed", 0)
-    return range(first, first + spec["cells"][cell].get("seeds", spec["seeds"]))
+    return range(first, first + spec["cells"][cell].get("seeds", spec.get("seeds", 0)))
 
 
 def results_path(study: str, results=RESULTS) -> Path:

@@ -297,14 +297,15 @@ def test_a_run_folder_of_other_flags_is_refused(tmp_path):
 
 def test_committed_study_files_are_consistent(tmp_path):
     """Every committed study file loads; its analysis names only its own cells and outcomes;
-    primary contrasts rest on >= 20 paired seeds; the calibration's candidates exist; the values
-    A and B read are the calibration's choices; the bandit study's flags pass rpg-train's own
-    parser (the seq studies use --init-seed, checked by study.py before a run)."""
+    primary contrasts rest on >= 20 paired seeds; each calibration's candidates exist; the values
+    a study reads are choices of the calibration it names; the bandit study's flags pass
+    rpg-train's own parser (the seq and carry studies use --init-seed, checked by study.py before
+    a run)."""
     import analysis as A
     names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
-    assert names == ["A", "B", "ablation", "bandit", "calibration", "seq"]
-    cal = S.load_study("calibration")
-    chosen = set(cal["analysis"]["select"])
+    assert names == ["A", "B", "C", "ablation", "bandit", "calibration", "carry-calibration",
+                     "seq"]
+    cals = {}
     for name in names:
         spec = S.load_study(name)
         cells, outcomes, an = spec["cells"], spec["outcomes"], spec.get("analysis", {})
@@ -327,16 +328,25 @@ def test_committed_study_files_are_consistent(tmp_path):
         used = {v["calibrated"] for a in [spec["common"]] + [c.get("args", {})
                                                               for c in cells.values()]
                 for v in a.values() if isinstance(v, dict)}
-        assert used <= chosen, name
         if used:
-            jobs = S.jobs_of(spec, tmp_path, {"lr": 4e-4, "beta": 0.3})
+            cal = cals.setdefault(spec["calibration"], S.load_study(spec["calibration"]))
+            chosen = {n for key in cal["analysis"]["select"] for n in key.split(",")}
+            assert used <= chosen, name
+            jobs = S.jobs_of(spec, tmp_path, dict.fromkeys(chosen, 0.25))
             assert all("{" not in " ".join(j.argv) for j in jobs)
+            # a calibration runs on seeds of its own when it chooses for a study on seeds 0..
+            if spec["calibration"] != "calibration":
+                assert not set(S.planned_seeds(cal, next(iter(cal["cells"])))) & {
+                    s for c in cells for s in S.planned_seeds(spec, c)}, name
         for group in spec.get("groups", {}).values():
             assert set(group) <= set(cells)
-    for rule in cal["analysis"]["select"].values():
-        for c in rule["candidates"].values():
-            members = c if isinstance(c, str) else c["on"] + c["off"]
-            assert set([members] if isinstance(members, str) else members) <= set(cal["cells"])
+    for cal in cals.values():
+        for rule in cal["analysis"]["select"].values():
+            for c in rule["candidates"].values():
+                members = (c if isinstance(c, str) else [c["cell"], c["base"]] if "cell" in c
+                           else c["on"] + c["off"])
+                assert set([members] if isinstance(members, str) else members) <= set(
+                    cal["cells"])
     S.validate(S.jobs_of(S.load_study("bandit"), tmp_path), tmp_path)
 
 

@@ -254,6 +254,63 @@ def test_calibrated_values_refuse_an_incomplete_calibration(tmp_path):
     assert S.calibrated_values(results, studies) == {"lr": 0.0002}
 
 
+def gain_job_spec(first_seed: int = 100) -> dict:
+    cells = {"w": {"seeds": 3}, **{f"c{c}-b{b}": {"seeds": 3}
+                                   for c in (1, 2) for b in (0, 5)}}
+    cands = {f"{c},{b}": {"cell": f"c{c}-b{b}", "base": f"c{c}-b0"} for c in (1, 2) for b in (5,)}
+    return {"name": "cal", "seeds": 3, "first_seed": first_seed, "cells": cells,
+            "outcomes": {"acc": {"key": "a", "reduce": "last"}},
+            "analysis": {"outcome": "acc", "select": {"token_cost,beta": {
+                "rule": "gain-and-job", "outcome": "acc", "reference_cell": "w", "min_gain": 0.1,
+                "candidates": cands}}}}
+
+
+def gain_job_rows(values: dict, first_seed: int = 100) -> list:
+    """values: {cell: (v_s0, v_s1, v_s2)} for seeds first_seed..first_seed + 2."""
+    return [{"cell": c, "seed": first_seed + i, "outcomes": {"acc": v}, "cpu_s": 1.0,
+             "wall_s": 1.0, "resumed_from_step": 0}
+            for c, vs in values.items() for i, v in enumerate(vs)]
+
+
+def test_gain_and_job_selection_rule():
+    """gain = mean(cell - warm start), job = mean(cell - its beta-0 base), score = min(gain - 0.1,
+    job): the largest score wins; both criteria met = inside the range; worked by hand."""
+    w = (0.5, 0.4, 0.6)
+    vals = {"w": w,
+            "c1-b0": (0.9, 0.8, 1.0), "c1-b5": (0.8, 0.7, 0.9),     # gain 0.3, job -0.1
+            "c2-b0": (0.1, 0.0, 0.2), "c2-b5": (0.7, 0.6, 0.8)}     # gain 0.2, job 0.6
+    s = S.select(gain_job_spec(), gain_job_rows(vals))["token_cost,beta"]
+    assert s["complete"] and s["choice"] == (2.0, 5.0) and s["inside_range"]
+    c1, c2 = s["candidates"]["1,5"], s["candidates"]["2,5"]
+    assert abs(c1["gain"] - 0.3) < 1e-12 and abs(c1["job"] + 0.1) < 1e-12
+    assert abs(c1["score"] + 0.1) < 1e-12
+    assert abs(c2["score"] - 0.1) < 1e-12                       # min(0.2 - 0.1, 0.6)
+    # no candidate gains 0.1: the best score still chooses, marked outside the range
+    vals["c2-b5"] = (0.55, 0.45, 0.65)                            # gain 0.05, job 0.45
+    s = S.select(gain_job_spec(), gain_job_rows(vals))["token_cost,beta"]
+    assert s["choice"] == (2.0, 5.0) and not s["inside_range"]
+
+
+def test_a_calibration_on_its_own_seeds_chooses_several_values(tmp_path):
+    """first_seed 100: seeds 100-102 are planned (a row for seed 0 is refused), the choice of a
+    "token_cost,beta" rule gives both values."""
+    import json
+    studies, results = tmp_path / "studies", tmp_path / "results"
+    studies.mkdir()
+    spec = gain_job_spec()
+    (studies / "cal.json").write_text(json.dumps({"common": {}, **{k: v for k, v in spec.items()
+                                                                   if k != "name"}}))
+    vals = {"w": (0.5, 0.4, 0.6), "c1-b0": (0.9, 0.8, 1.0), "c1-b5": (0.8, 0.7, 0.9),
+            "c2-b0": (0.1, 0.0, 0.2), "c2-b5": (0.7, 0.6, 0.8)}
+    assert [s for s in S.planned_seeds(S.load_study("cal", studies), "w")] == [100, 101, 102]
+    for r in gain_job_rows(vals):
+        append_row(S.results_path("cal", results), r)
+    assert S.calibrated_values(results, studies, "cal") == {"token_cost": 2.0, "beta": 5.0}
+    append_row(S.results_path("cal", results), gain_job_rows({"w": (0.5,)}, first_seed=0)[0])
+    with pytest.raises(S.StudyError, match="seed 0 of cell 'w' is not planned .*seeds 100-102"):
+        S.calibrated_values(results, studies, "cal")
+
+
 # ----------------------------------------------------------------------------------------------
 # RESULTS.md
 # ----------------------------------------------------------------------------------------------
