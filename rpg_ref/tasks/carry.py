@@ -27,17 +27,15 @@ warm start is what keeps it writing (docs/carry_task.md). The warm-started weigh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from rpg_ref.interfaces import Prompt, init_seed, task_progress
+from rpg_ref.tasks.warm_cache import cached_warm_start
 
 # the options that shape the warm-started weights (the cache key); the reward's and the
 # evaluation's options do not
@@ -187,7 +185,6 @@ class CarryTask:
             eos_token_id=self.EOS, pad_token_id=self.PAD, attn_implementation="sdpa")
 
     def build_policy(self) -> nn.Module:
-        from safetensors.torch import load_model, save_model
         from transformers import Qwen3ForCausalLM
 
         mcfg = self.model_config()
@@ -196,17 +193,7 @@ class CarryTask:
             return model
         warm = {k: getattr(self.opt, k) for k in WARM_KEYS}
         key = json.dumps([mcfg.to_dict(), warm, init_seed(self.cfg)], sort_keys=True, default=str)
-        path = (Path(self.cfg.cache_dir)
-                / f"carry-warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors")
-        if path.exists():
-            load_model(model, str(path), device=str(self.device))
-            return model
-        self._warm_start(model)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        save_model(model, str(tmp))
-        os.replace(tmp, path)
-        return model
+        return cached_warm_start(model, self.cfg.cache_dir, "carry-warm", key, self._warm_start)
 
     def _warm_start(self, model: nn.Module) -> None:
         """Supervised phase: cross-entropy on the response tokens of random problems, each written

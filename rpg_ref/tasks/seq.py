@@ -12,17 +12,15 @@ in --cache-dir, keyed by the model config, the warm-start options and the initia
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from rpg_ref.interfaces import Prompt, init_seed
+from rpg_ref.tasks.warm_cache import cached_warm_start
 
 
 class SeqTask:
@@ -103,7 +101,6 @@ class SeqTask:
             eos_token_id=self.EOS, pad_token_id=self.PAD, attn_implementation="sdpa")
 
     def build_policy(self) -> nn.Module:
-        from safetensors.torch import load_model, save_model
         from transformers import Qwen3ForCausalLM
 
         mcfg = self.model_config()
@@ -112,17 +109,7 @@ class SeqTask:
             return model
         warm = {k: v for k, v in dataclasses.asdict(self.opt).items() if k != "eval_size"}
         key = json.dumps([mcfg.to_dict(), warm, init_seed(self.cfg)], sort_keys=True, default=str)
-        path = (Path(self.cfg.cache_dir)
-                / f"seq-warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors")
-        if path.exists():
-            load_model(model, str(path), device=str(self.device))
-            return model
-        self._warm_start(model)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        save_model(model, str(tmp))
-        os.replace(tmp, path)
-        return model
+        return cached_warm_start(model, self.cfg.cache_dir, "seq-warm", key, self._warm_start)
 
     def _warm_start(self, model: nn.Module) -> None:
         """Supervised phase: cross-entropy on the answer tokens of random problems (own
