@@ -2,7 +2,7 @@
 
 Runs that start together with the same warm start (a study's workers, each on another cell of the
 same seed) compute it once: the first takes an exclusive lock beside the cache file and trains,
-the others wait on the lock, then load what it wrote. The file is written under another name and
+the others wait on the lock (in the cache's ``.locks`` folder), then load what it wrote. The file is written under another name and
 renamed, so a reader never sees half of it, and a run killed while training leaves no file (the
 lock dies with its process).
 """
@@ -29,8 +29,8 @@ def cached_warm_start(model: nn.Module, cache_dir: str, prefix: str, key: str,
     if path.exists():
         load_model(model, str(path), device=device)
         return model
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
+    (path.parent / ".locks").mkdir(parents=True, exist_ok=True)
+    with open(path.parent / ".locks" / f"{path.stem}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
         if path.exists():  # another run trained it while this one waited
             load_model(model, str(path), device=device)
