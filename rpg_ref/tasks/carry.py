@@ -181,7 +181,10 @@ class CarryTask:
             vocab_size=self.VOCAB, hidden_size=o.hidden, intermediate_size=2 * o.hidden,
             num_hidden_layers=o.layers, num_attention_heads=o.heads,
             num_key_value_heads=max(1, o.heads // 2), head_dim=o.hidden // o.heads,
-            max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=self.BOS,
+            # prompt + longest response: 54 at the default 6 digits
+            max_position_embeddings=max(128, 2 * o.max_digits + 3
+                                        + self.max_response_len(o.max_digits)),
+            tie_word_embeddings=True, bos_token_id=self.BOS,
             eos_token_id=self.EOS, pad_token_id=self.PAD, attn_implementation="sdpa")
 
     def build_policy(self) -> nn.Module:
