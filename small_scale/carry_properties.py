@@ -123,7 +123,8 @@ def properties(rows: list[dict], spec: dict, beta: float | None, contrast: dict 
             shares.append(kl / (abs(o["reward_last"]) + kl) if abs(o["reward_last"]) + kl else 0)
     add("beta KL is part of the objective", ">= 10 % of |E[R]| + beta KL",
         "n/a" if not shares else f"{np.mean(shares):.3f} (beta {beta:g}; seeds "
-        f"{min(shares):.3f}-{max(shares):.3f})", None if not shares else bool(np.mean(shares) >= 0.10))
+        f"{min(shares):.3f}-{max(shares):.3f})",
+        None if not shares else bool(np.mean(shares) >= 0.10))
 
     first = {}
     for r in sorted(rows, key=lambda r: r.get("finished_utc", "")):

@@ -295,6 +295,26 @@ def test_a_run_folder_of_other_flags_is_refused(tmp_path):
     assert os.path.exists(folder / "summary.json")
 
 
+def test_rerun_replays_committed_rows_and_names_what_differs(tmp_path):
+    """small_scale/rerun.py runs a committed row's own command again: identical outcomes on this
+    machine (exit 0); a committed value edited by hand is named with both values (exit 1); a row
+    that is not committed is one line (exit 2)."""
+    write_study(tmp_path, seeds=1, cells={"a": {"args": {"algo": "rpg-urkl"}}})
+    assert run(tmp_path).returncode == 0
+    rerun = [sys.executable, str(SMALL_SCALE / "rerun.py"), "toy", "--studies",
+             str(tmp_path / "studies"), "--results", str(tmp_path / "results")]
+    r = subprocess.run([*rerun, "--runs", "1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "a s0: identical" in r.stdout, r.stdout + r.stderr
+    path = tmp_path / "results" / "toy.jsonl"
+    row = json.loads(path.read_text())
+    row["outcomes"]["reward"] += 0.5
+    path.write_text(json.dumps(row) + "\n")
+    r = subprocess.run([*rerun, "--pick", "a:0"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and f"reward {row['outcomes']['reward']} -> " in r.stdout, r.stdout
+    r = subprocess.run([*rerun, "--pick", "a:7"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and r.stderr.startswith("rerun.py: no committed rows ['a:7']")
+
+
 def test_committed_study_files_are_consistent(tmp_path):
     """Every committed study file loads; its analysis names only its own cells and outcomes;
     primary contrasts rest on >= 20 paired seeds; each calibration's candidates exist; the values

@@ -302,12 +302,12 @@ def test_a_calibration_on_its_own_seeds_chooses_several_values(tmp_path):
                                                                    if k != "name"}}))
     vals = {"w": (0.5, 0.4, 0.6), "c1-b0": (0.9, 0.8, 1.0), "c1-b5": (0.8, 0.7, 0.9),
             "c2-b0": (0.1, 0.0, 0.2), "c2-b5": (0.7, 0.6, 0.8)}
-    assert [s for s in S.planned_seeds(S.load_study("cal", studies), "w")] == [100, 101, 102]
+    assert list(S.planned_seeds(S.load_study("cal", studies), "w")) == [100, 101, 102]
     for r in gain_job_rows(vals):
         append_row(S.results_path("cal", results), r)
     assert S.calibrated_values(results, studies, "cal") == {"token_cost": 2.0, "beta": 5.0}
     append_row(S.results_path("cal", results), gain_job_rows({"w": (0.5,)}, first_seed=0)[0])
-    with pytest.raises(S.StudyError, match="seed 0 of cell 'w' is not planned .*seeds 100-102"):
+    with pytest.raises(S.StudyError, match=r"seed 0 of cell 'w' is not planned .*seeds 100-102"):
         S.calibrated_values(results, studies, "cal")
 
 

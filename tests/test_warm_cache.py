@@ -4,6 +4,7 @@ again."""
 
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -39,15 +40,15 @@ def test_runs_starting_together_train_the_warm_start_once(tmp_path):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert open(log).read().splitlines() == ["trained"]
+    assert Path(log).read_text().splitlines() == ["trained"]
     weights = [torch.load(tmp_path / f"m{i}.pt") for i in range(3)]
     assert all(torch.equal(w[k], weights[0][k]) for w in weights[1:] for k in weights[0])
     start(cache, log, "k", str(tmp_path / "later.pt"))       # a later run loads it
     later = torch.load(tmp_path / "later.pt")
     assert all(torch.equal(later[k], weights[0][k]) for k in later)
-    assert open(log).read().splitlines() == ["trained"]
+    assert Path(log).read_text().splitlines() == ["trained"]
     start(cache, log, "other", str(tmp_path / "other.pt"))   # another key trains its own
-    assert open(log).read().splitlines() == ["trained", "trained"]
+    assert Path(log).read_text().splitlines() == ["trained", "trained"]
     assert sorted(p.name for p in (tmp_path / "cache").glob("*.safetensors")) == sorted(
         f"toy-{h}.safetensors" for h in (
             __import__("hashlib").sha256(k.encode()).hexdigest()[:16] for k in ("k", "other")))

@@ -1,10 +1,10 @@
 """A task's warm-started weights, computed once per key and cached in --cache-dir.
 
 Runs that start together with the same warm start (a study's workers, each on another cell of the
-same seed) compute it once: the first takes an exclusive lock beside the cache file and trains,
-the others wait on the lock (in the cache's ``.locks`` folder), then load what it wrote. The file is written under another name and
-renamed, so a reader never sees half of it, and a run killed while training leaves no file (the
-lock dies with its process).
+same seed) compute it once: the first takes an exclusive lock (a file in the cache's ``.locks``
+folder) and trains, the others wait on the lock, then load what it wrote. The file is written
+under another name and renamed, so a reader never sees half of it, and a run killed while
+training leaves no file (the lock dies with its process).
 """
 
 from __future__ import annotations
