@@ -514,7 +514,7 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--preset", default=None, help="instead: rpg-train --preset NAME (+ flags)")
     ap.add_argument("--gen-tokens", type=int, nargs="*", default=[64],
                     help="also time generation at these response lengths (EOS off)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed repeats of each comparison")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats of each comparison")
     ap.add_argument("--cache-dir", default="runs/cache", help="rpg-train --cache-dir")
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     bad = [f"--{k.replace('_', '-')} must be >= 1, got {v}" for k, v in
