@@ -480,8 +480,8 @@ def phase_table(phases: Phases, imports: Row, updates: int) -> list[str]:
     return (["| phase | CPU s | share |", "|---|---|---|"]
             + [f"| {k} | {v:.2f} | {v / total:.1%} |" for k, v in in_run.items()]
             + [f"| **the run** | **{total:.2f}** | 100% |", "",
-               f"In the run: {gen[1]} rollout calls of the engine ({per(*gen):.1f} ms each), "
-               f"{ev[1]} evaluations ({per(*ev):.1f} ms each), {updates} mini-batch updates "
+               f"In the run: rollout calls of the engine {gen[1]} ({per(*gen):.1f} ms each), "
+               f"evaluations {ev[1]} ({per(*ev):.1f} ms each), mini-batch updates {updates} "
                f"({per(upd[0], updates):.1f} ms each); in this process "
                f"{sum(phases.cpu.values()):.2f} s CPU, {sum(phases.wall.values()):.2f} s wall."])
 

@@ -4,6 +4,7 @@ keeps its bf16 copy of the weights equal to the policy's after every update."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -139,6 +140,34 @@ def test_filled_slots_attention_reads_the_slots_the_mask_covers(Q, R):
         own, _ = sdpa_attention_forward(module, q, k[:, :, :S], v[:, :, :S], mask,
                                         scaling=d**-0.5)
         assert torch.equal(out, own)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eager_decoding_is_transformers_own_sdpa_decoding(dtype, monkeypatch):
+    """The uncompiled decode (its own attention, a static cache read up to its filled slots)
+    against the same decode through transformers' sdpa attention and a DynamicCache, from the same
+    seed, left-padded prompts, EOS: the same tokens, and from transformers 5.24 (which groups a
+    single query's heads itself) the same log-probs bit for bit, float32 included; before 5.24
+    (which repeats the heads) equal to 1e-12 in float64."""
+    from packaging.version import Version
+    from transformers import DynamicCache
+
+    from rpg_ref.engines import hf
+
+    policy = tiny_qwen3(sharpen=3.0, dtype=dtype)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]] * 2
+    out = []
+    for own in (True, False):
+        if not own:  # transformers' attention and a growing cache
+            monkeypatch.setattr(hf, "attention_on_filled_slots", lambda c: contextlib.nullcontext())
+            monkeypatch.setattr(hf, "own_cache", lambda *a: DynamicCache())
+        torch.manual_seed(0)
+        out.append(decode(policy, policy, prompts, PAD, EOS, 1.0, 1.0, 10))
+    assert torch.equal(out[0][0], out[1][0]) and (out[0][0] == EOS).any()
+    if Version(transformers.__version__).release >= (5, 24):
+        assert torch.equal(out[0][1], out[1][1])
+    elif dtype == torch.float64:
+        assert (out[0][1] - out[1][1]).abs().max() < 1e-12
 
 
 def test_decode_steps_copy_no_key_value_heads_and_restore_the_kernel(monkeypatch):

@@ -166,6 +166,14 @@ def attention_on_filled_slots(config):
         config._attn_implementation = kernel
 
 
+def own_cache(config, kernel: str, slots: int):
+    """An uncompiled call's own KV cache: with the sdpa kernel a StaticCache of ``slots`` slots
+    (filled_slots_sdpa reads its filled ones), with the eager kernel a DynamicCache."""
+    from transformers import DynamicCache, StaticCache
+
+    return StaticCache(config=config, max_cache_len=slots) if kernel == "sdpa" else DynamicCache()
+
+
 def _fp32_or_wider(logits: Tensor) -> Tensor:
     """A copy (a compiled step's output buffer is overwritten by the next step) in fp32, or
     fp64 for a fp64 model."""
@@ -194,8 +202,6 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
 def _decode(model, step, prompts, pad_id, eos_id, temperature, top_p, max_new_tokens, cache,
             cache_len, kernel):
     """decode's loop, under its grad mode and attention function."""
-    from transformers import DynamicCache, StaticCache
-
     dev = next(model.parameters()).device
     ids, am = left_pad(prompts, pad_id, dev)  # [B, P]
     B, P = ids.shape
@@ -209,7 +215,7 @@ def _decode(model, step, prompts, pad_id, eos_id, temperature, top_p, max_new_to
                              f"{P + max_new_tokens}")
         cache.reset()
     else:
-        cache = StaticCache(config=config, max_cache_len=L) if kernel == "sdpa" else DynamicCache()
+        cache = own_cache(config, kernel, L)
     cache_arg, old_api = cache_api(type(getattr(model, "module", model)))  # HFPolicy: its module
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
