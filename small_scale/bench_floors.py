@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rpg_ref, pape
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common.py
 from bench_common import device_name
 
-from rpg_ref.engines.sample import sample_next
+from rpg_ref.engines.hf import sample_loop
 from rpg_ref.interfaces import left_pad
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +92,7 @@ def static_kv_decode(model, prompts: list, pad_id: int, eos_id: int | None, temp
     """A Qwen3 causal LM's sampling loop written out: (tokens [B, T], log-probs [B, T]). Prompts
     left-padded to P; key/value buffers of P + T slots allocated once; rotary tables computed once;
     each step attends to the filled slots (a view), its H query heads grouped over the H / R
-    key/value heads; sampling by rpg_ref.engines.sample.sample_next. Stops when every sequence
-    has emitted eos_id (pad after it), as the hf engine."""
+    key/value heads; sampling and stopping by the hf engine's own sample_loop."""
     m, c = model.model, model.config
     H, KV, d, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
     R = H // KV
@@ -142,22 +141,14 @@ def static_kv_decode(model, prompts: list, pad_id: int, eos_id: int | None, temp
         return F.linear(_rms(x[:, -1], m.norm.weight, eps), model.lm_head.weight)  # [B, V]
 
     wide = torch.promote_types(dt, torch.float32)  # logits in fp32 (fp64 for a fp64 model)
-    logits = forward(m.embed_tokens.weight[ids], 0, prompt_mask).to(wide)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    toks, lps = [], []
-    for t in range(max_new_tokens):
-        tok, lp = sample_next(logits, temperature, top_p)  # [B], [B]
-        if eos_id is not None:
-            tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-            done |= tok == eos_id
-        toks.append(tok)
-        lps.append(lp)
-        if t + 1 == max_new_tokens or (eos_id is not None and bool(done.all())):
-            break
+
+    def next_logits(tok: Tensor, t: int) -> Tensor:  # the t-th new token [B] into slot P + t
         seen[:, P + t] = True
         x = m.embed_tokens.weight[tok][:, None]  # [B, 1, D]
-        logits = forward(x, P + t, seen[:, None, None, : P + t + 1]).to(wide)
-    return torch.stack(toks, 1), torch.stack(lps, 1)
+        return forward(x, P + t, seen[:, None, None, : P + t + 1]).to(wide)
+
+    logits = forward(m.embed_tokens.weight[ids], 0, prompt_mask).to(wide)
+    return sample_loop(logits, next_logits, pad_id, eos_id, temperature, top_p, max_new_tokens)
 
 
 def bare_hf_step(model, opt, b) -> None:

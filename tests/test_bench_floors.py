@@ -15,24 +15,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import bench_floors as B  # small_scale/ (on the path: tests/conftest.py)
+from test_hf_engine import EOS, PAD, tiny_qwen3  # tests/ is on sys.path under pytest
 
 from rpg_ref.engines.hf import decode
-
-EOS, PAD = 14, 15
-
-
-def tiny_qwen3(dtype=torch.float64):
-    """A 2-layer Qwen3 over 16 tokens, 4 query heads over 2 key/value heads, its LM head
-    sharpened so that samples are far from uniform."""
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(
-        vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-        tie_word_embeddings=False, attn_implementation="sdpa", eos_token_id=EOS, pad_token_id=PAD)
-    model = transformers.Qwen3ForCausalLM(cfg).to(dtype).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)
-    return model
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
@@ -40,7 +25,7 @@ def test_static_kv_loop_samples_what_the_hf_engine_samples(temperature, top_p):
     """float64: the hand-written loop and the hf engine's decode, from the same seed on left-padded
     prompts of different lengths, sample the same tokens (stopping together at EOS) with log-probs
     equal to 1e-10: the floor computes the policy's distribution, not something cheaper."""
-    model = tiny_qwen3()
+    model = tiny_qwen3(sharpen=3.0)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]] * 3
     out = []
     for fn in (B.static_kv_decode, lambda *a: decode(model, *a)):

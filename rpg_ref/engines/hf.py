@@ -236,8 +236,25 @@ def _decode(model, step, prompts, pad_id, eos_id, temperature, top_p, max_new_to
                 **slots_kw(0, P))
     logits = _fp32_or_wider(out.logits[:, -1])  # [B, V]
     del out
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
     last = pos[:, -1:]  # [B, 1] position of the last prompt token
+
+    def next_logits(tok: Tensor, t: int) -> Tensor:  # the t-th new token [B] into slot P + t
+        seen[:, P + t] = True
+        mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
+        out = step(input_ids=tok[:, None], position_ids=last + (t + 1), attention_mask=mask,
+                   use_cache=True, logits_to_keep=1, **{cache_arg: cache}, **slots_kw(P + t, 1))
+        return _fp32_or_wider(out.logits[:, -1])
+
+    return sample_loop(logits, next_logits, pad_id, eos_id, temperature, top_p, max_new_tokens)
+
+
+def sample_loop(logits: Tensor, next_logits, pad_id: int, eos_id: int | None, temperature: float,
+                top_p: float, max_new_tokens: int) -> tuple[Tensor, Tensor]:
+    """Sampling and stopping, whatever computes the logits: (tokens [B, T], sampler log-probs
+    [B, T]). ``logits`` [B, V] follow the prompts, ``next_logits(tok, t)`` the t-th sampled
+    tokens. A sequence that has emitted eos_id gets pad_id after it; the loop ends after
+    max_new_tokens tokens or as soon as every sequence has emitted eos_id."""
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     toks, lps = [], []
     for t in range(max_new_tokens):
         tok, lp = sample_next(logits, temperature, top_p)  # [B], [B]
@@ -248,12 +265,7 @@ def _decode(model, step, prompts, pad_id, eos_id, temperature, top_p, max_new_to
         lps.append(lp)
         if t + 1 == max_new_tokens or (eos_id is not None and bool(done.all())):
             break
-        seen[:, P + t] = True
-        last = last + 1
-        mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
-        out = step(input_ids=tok[:, None], position_ids=last, attention_mask=mask,
-                   use_cache=True, logits_to_keep=1, **{cache_arg: cache}, **slots_kw(P + t, 1))
-        logits = _fp32_or_wider(out.logits[:, -1])
+        logits = next_logits(tok, t)
     return torch.stack(toks, 1), torch.stack(lps, 1)
 
 
