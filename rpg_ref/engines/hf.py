@@ -30,8 +30,8 @@ it therefore supports the "sdpa" and "eager" attention kernels. Not compiled, th
 runs as ``filled_slots_sdpa`` (registered with transformers' AttentionInterface and set on the
 model's config for the call only): transformers' sdpa attention on the slots the mask covers,
 a decode step's one query attending with grouped key/value heads as transformers >= 5.24 does
-itself. Before 5.24, transformers given a 4D mask copied every key/value head once per query
-head at every step (repeat_kv), which doubled the time of a decode step (docs/performance.md).
+itself. Before 5.24, transformers given a 4D mask copies every key/value head once per query
+head (repeat_kv), which in a decode step is a copy of the whole cache (docs/performance.md).
 """
 
 from __future__ import annotations
