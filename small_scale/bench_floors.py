@@ -337,7 +337,7 @@ class Phases:
         return call
 
 
-def timed_run(argv: list, out: Path) -> tuple[dict, SimpleNamespace]:
+def timed_run(argv: list, out: Path) -> tuple[Phases, SimpleNamespace]:
     """Fill the run's cache (untimed), then run it in this process with its phases timed."""
     import rpg_ref.trainer.train as T
     from rpg_ref.cli import parse_config
