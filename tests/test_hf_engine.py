@@ -4,6 +4,7 @@ keeps its bf16 copy of the weights equal to the policy's after every update."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -22,6 +23,7 @@ from rpg_ref.engines.hf import (
     bytes_per_sequence,
     cache_api,
     decode,
+    filled_slots_sdpa,
     kv_bytes_per_token,
     parse_chunk,
     sequences_that_fit,
@@ -35,8 +37,9 @@ EOS, PAD = 14, 15
 
 
 def tiny_qwen3(seed: int = 0, sharpen: float = 1.0, dtype=torch.float64):
-    """A 2-layer Qwen3 over 16 tokens; ``sharpen`` scales the LM head so that next-token
-    distributions are far from uniform (a test of temperature needs something to sharpen)."""
+    """A 2-layer Qwen3 over 16 tokens (4 query heads, 2 key/value heads); ``sharpen`` scales the
+    LM head so that next-token distributions are far from uniform (a test of temperature needs
+    something to sharpen)."""
     torch.manual_seed(seed)
     cfg = transformers.Qwen3Config(
         vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -82,10 +85,11 @@ def test_sampler_logprobs_equal_the_policy_recomputation():
     assert any(r[-1] == EOS for r in g.responses) and all(EOS not in r[:-1] for r in g.responses)
 
 
-def test_static_cache_decodes_what_the_dynamic_cache_decodes():
+def test_static_cache_decodes_what_the_eager_path_decodes():
     """float64: the static KV cache of the compiled path (fixed-length key buffers, 64 slots, most
-    of them masked) and the growing dynamic cache of the eager path give the same tokens from the
-    same seed and log-probs equal to 1e-12, with left-padded prompts of different lengths."""
+    of them masked) and the eager path's own cache, attended up to its filled slots, give the
+    same tokens from the same seed and log-probs equal to 1e-12, with left-padded prompts of
+    different lengths."""
     from transformers import StaticCache
 
     policy = tiny_qwen3(sharpen=3.0)
@@ -99,6 +103,95 @@ def test_static_cache_decodes_what_the_dynamic_cache_decodes():
         )
     assert torch.equal(out[True][0], out[False][0])
     assert (out[True][1] - out[False][1]).abs().max() < 1e-12
+
+
+def reference_attention(query, key, value, mask, scale):
+    """softmax(q k^T * scale, masked) v, written out: every query head h reads key/value head
+    h // R (R = query heads per key/value head). [B, H, Q, d] -> [B, Q, H, d]."""
+    R = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(R, 1), value.repeat_interleave(R, 1)  # [B, H, S, d]
+    scores = (query @ k.transpose(-1, -2) * scale).masked_fill(~mask, -math.inf)
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("R", [1, 2, 4])
+@pytest.mark.parametrize("Q", [1, 3])
+def test_filled_slots_attention_reads_the_slots_the_mask_covers(Q, R):
+    """float64: filled_slots_sdpa, given key/value buffers of 12 slots and a mask over the first
+    7, equals attention written out over those 7 (random mask, every query seeing its last slot)
+    to 1e-12, for one query (a decode step: grouped heads) and three, with 1, 2 and 4 query heads
+    per key/value head. From transformers 5.24, which groups a single query's heads itself, it
+    is transformers' sdpa attention on the 7 slots bit for bit."""
+    from packaging.version import Version
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(Q * 10 + R)
+    B, KV, d, S = 3, 2, 8, 7
+    q = torch.randn(B, KV * R, Q, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, KV, 12, d, generator=g, dtype=torch.float64) for _ in "kv")
+    mask = torch.rand(B, 1, Q, S, generator=g) < 0.6
+    mask[..., -1] = True
+    module = SimpleNamespace(num_key_value_groups=R, is_causal=True, training=False)
+    out, _ = filled_slots_sdpa(module, q, k, v, mask, scaling=d**-0.5)
+    assert out.shape == (B, Q, KV * R, d)
+    want = reference_attention(q, k[:, :, :S], v[:, :, :S], mask, d**-0.5)
+    assert (out - want).abs().max() < 1e-12
+    if Version(transformers.__version__).release >= (5, 24):
+        own, _ = sdpa_attention_forward(module, q, k[:, :, :S], v[:, :, :S], mask,
+                                        scaling=d**-0.5)
+        assert torch.equal(out, own)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eager_decoding_is_transformers_own_sdpa_decoding(dtype, monkeypatch):
+    """The uncompiled decode (its own attention, a static cache read up to its filled slots)
+    against the same decode through transformers' sdpa attention and a DynamicCache, from the same
+    seed, left-padded prompts, EOS: the same tokens, and from transformers 5.24 (which groups a
+    single query's heads itself) the same log-probs bit for bit, float32 included; before 5.24
+    (which repeats the heads) equal to 1e-12 in float64."""
+    from packaging.version import Version
+    from transformers import DynamicCache
+
+    from rpg_ref.engines import hf
+
+    policy = tiny_qwen3(sharpen=3.0, dtype=dtype)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]] * 2
+    out = []
+    for own in (True, False):
+        if not own:  # transformers' attention and a growing cache
+            monkeypatch.setattr(hf, "attention_on_filled_slots", lambda c: contextlib.nullcontext())
+            monkeypatch.setattr(hf, "own_cache", lambda *a: DynamicCache())
+        torch.manual_seed(0)
+        out.append(decode(policy, policy, prompts, PAD, EOS, 1.0, 1.0, 10))
+    assert torch.equal(out[0][0], out[1][0]) and (out[0][0] == EOS).any()
+    if Version(transformers.__version__).release >= (5, 24):
+        assert torch.equal(out[0][1], out[1][1])
+    elif dtype == torch.float64:
+        assert (out[0][1] - out[1][1]).abs().max() < 1e-12
+
+
+def test_decode_steps_copy_no_key_value_heads_and_restore_the_kernel(monkeypatch):
+    """Uncompiled, with 2 query heads per key/value head, transformers repeats the key/value heads
+    (repeat_kv) for the prompt pass only (2 layers x keys and values), never in the 7 decode steps
+    (which transformers < 5.24 did at every step given a mask); the model's attention kernel is
+    "sdpa" again after the call, and after a call that fails."""
+    from transformers.integrations import sdpa_attention
+
+    calls = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: calls.append(n) or real(x, n))
+    policy = tiny_qwen3()
+    torch.manual_seed(0)
+    toks, _ = decode(policy, policy, [[1, 2, 3], [4, 5]], PAD, None, 1.0, 1.0, 8)
+    assert toks.shape == (2, 8) and calls == [2] * 4
+    assert policy.config._attn_implementation == "sdpa"
+
+    def failing_step(**kwargs):
+        raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        decode(policy, failing_step, [[1, 2, 3]], PAD, None, 1.0, 1.0, 8)
+    assert policy.config._attn_implementation == "sdpa"
 
 
 def test_cache_argument_name_is_read_from_the_forward_signature():

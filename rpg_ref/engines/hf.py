@@ -10,7 +10,10 @@
   KV cache  compiled (on CUDA by default, --hf-compile): transformers' StaticCache, key/value
             buffers of a fixed length, so every decode step has the same shapes, and the step
             compiled with torch.compile (mode "reduce-overhead": CUDA graphs); the prompt pass
-            runs eagerly. Not compiled: a DynamicCache, which attends to the filled slots only.
+            runs eagerly. Not compiled: the call's own cache, attended up to its filled slots
+            only, under inference mode: with the sdpa kernel a StaticCache of prompt + new
+            tokens slots, each attention call reading a view of the filled ones (nothing is
+            copied or grown); with the eager kernel a DynamicCache (concatenated every step).
   batching  --hf-chunk sequences per call: auto (on CUDA as many as free memory holds, else all),
             0 (all) or a number. Compiled, every call of a rollout has that batch size (the last
             one is padded with copies of a prompt whose samples are dropped) and reuses one
@@ -23,11 +26,17 @@
 
 The decode loop passes its own 4D attention mask (which cache slots each query sees), so left
 padding, the static cache and the compiled step need nothing from transformers' mask helpers;
-it therefore supports the "sdpa" and "eager" attention kernels.
+it therefore supports the "sdpa" and "eager" attention kernels. Not compiled, the sdpa kernel
+runs as ``filled_slots_sdpa`` (registered with transformers' AttentionInterface and set on the
+model's config for the call only): transformers' sdpa attention on the slots the mask covers,
+a decode step's one query attending with grouped key/value heads as transformers >= 5.24 does
+itself. Before 5.24, transformers given a 4D mask copies every key/value head once per query
+head (repeat_kv), which in a decode step is a copy of the whole cache (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -119,45 +128,101 @@ def cache_api(model_class: type) -> tuple[str, bool]:
     return ("cache" if "cache" in params else "past_key_values"), "cache_position" in params
 
 
+FILLED_SLOTS_SDPA = "rpg-ref-filled-slots-sdpa"  # its name in transformers' AttentionInterface
+
+
+def filled_slots_sdpa(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor,
+                      dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """transformers' sdpa attention on the cache slots the mask covers ([B, 1, Q, S]: the first S
+    of the cache's, a view). One query (a decode step): its H query heads attend as
+    [B, H / R, R, d] against the H / R key/value heads ([B, H / R, S, d]), the mask broadcast
+    over R, what transformers >= 5.24 computes itself, bit for bit (transformers'
+    ``pack_gqa``); earlier versions repeat every key/value head R times first."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    S = attention_mask.shape[-1]
+    key, value = key[:, :, :S], value[:, :, :S]  # [B, H / R, S, d]
+    B, H, Q, d = query.shape  # [B, H, Q, d]
+    R = getattr(module, "num_key_value_groups", 1)
+    if Q > 1 or R == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(B, H // R, R, d), key, value, attn_mask=attention_mask, dropout_p=dropout,
+        scale=scaling)  # [B, H / R, R, d]
+    return out.reshape(B, H, Q, d).transpose(1, 2).contiguous(), None  # [B, Q, H, d]
+
+
+@contextlib.contextmanager
+def attention_on_filled_slots(config):
+    """The model of ``config`` attends with filled_slots_sdpa until the block ends."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FILLED_SLOTS_SDPA, filled_slots_sdpa)
+    kernel, config._attn_implementation = config._attn_implementation, FILLED_SLOTS_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = kernel
+
+
+def own_cache(config, kernel: str, slots: int):
+    """An uncompiled call's own KV cache: with the sdpa kernel a StaticCache of ``slots`` slots
+    (filled_slots_sdpa reads its filled ones), with the eager kernel a DynamicCache."""
+    from transformers import DynamicCache, StaticCache
+
+    return StaticCache(config=config, max_cache_len=slots) if kernel == "sdpa" else DynamicCache()
+
+
 def _fp32_or_wider(logits: Tensor) -> Tensor:
     """A copy (a compiled step's output buffer is overwritten by the next step) in fp32, or
     fp64 for a fp64 model."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
 
 
-@torch.no_grad()
 def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperature: float,
            top_p: float, max_new_tokens: int, cache=None, cache_len: int = 0):
     """Sample up to max_new_tokens after each prompt: (tokens [B, T], sampler log-probs [B, T]),
     pad after EOS. ``model`` runs the prompt pass, ``step`` (the same module, maybe compiled) the
     one-token decode steps. Prompts are left-padded to P; the t-th new token goes to cache slot
     P + t. ``cache``: a StaticCache of cache_len >= P + max_new_tokens slots for this batch size
-    (emptied first, so one can serve call after call), so that every decode step has the same
-    shapes (what a compiled step needs); None: a DynamicCache that grows by one slot per step
-    (less attention work without compilation)."""
-    from transformers import DynamicCache
+    (emptied first, so one can serve call after call), every slot of which every decode step
+    attends to (masked), so that every step has the same shapes (what a compiled step needs).
+    None: the call's own cache of P + max_new_tokens slots, attended up to the filled ones
+    (module docstring)."""
+    kernel = model.config._attn_implementation
+    own = cache is None
+    with (torch.inference_mode() if own else torch.no_grad(),
+          attention_on_filled_slots(model.config) if own and kernel == "sdpa"
+          else contextlib.nullcontext()):
+        return _decode(model, step, prompts, pad_id, eos_id, temperature, top_p, max_new_tokens,
+                       cache, cache_len, kernel)
 
+
+def _decode(model, step, prompts, pad_id, eos_id, temperature, top_p, max_new_tokens, cache,
+            cache_len, kernel):
+    """decode's loop, under its grad mode and attention function."""
     dev = next(model.parameters()).device
     ids, am = left_pad(prompts, pad_id, dev)  # [B, P]
     B, P = ids.shape
-    static = cache is not None
-    L = cache_len if static else P + max_new_tokens  # cache slots
+    fixed = cache is not None
+    L = cache_len if fixed else P + max_new_tokens  # cache slots
     config = model.config
-    kernel, dtype = config._attn_implementation, next(model.parameters()).dtype
-    if static:  # slots >= P + t are masked anyway; reset also rewinds the write position
+    dtype = next(model.parameters()).dtype
+    if fixed:  # slots >= P + t are masked anyway; reset also rewinds the write position
         if cache_len < P + max_new_tokens:
             raise ValueError(f"a StaticCache of cache_len={cache_len} slots; these prompts need "
                              f"{P + max_new_tokens}")
         cache.reset()
     else:
-        cache = DynamicCache()
+        cache = own_cache(config, kernel, L)
     cache_arg, old_api = cache_api(type(getattr(model, "module", model)))  # HFPolicy: its module
 
     def slots_kw(start: int, n: int) -> dict:  # transformers < 5 tell the cache where to write
         return {"cache_position": torch.arange(start, start + n, device=dev)} if old_api else {}
 
     def keys(n_filled: int) -> int:  # key slots an attention call sees
-        return L if static else n_filled
+        return L if fixed else n_filled
 
     # prompt pass: query q sees slot k <= q holding a prompt token, and itself (so that a padding
     # query sees something: a row of -inf would give NaN keys/values that later leak as 0 * NaN)
@@ -171,8 +236,25 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
                 **slots_kw(0, P))
     logits = _fp32_or_wider(out.logits[:, -1])  # [B, V]
     del out
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
     last = pos[:, -1:]  # [B, 1] position of the last prompt token
+
+    def next_logits(tok: Tensor, t: int) -> Tensor:  # the t-th new token [B] into slot P + t
+        seen[:, P + t] = True
+        mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
+        out = step(input_ids=tok[:, None], position_ids=last + (t + 1), attention_mask=mask,
+                   use_cache=True, logits_to_keep=1, **{cache_arg: cache}, **slots_kw(P + t, 1))
+        return _fp32_or_wider(out.logits[:, -1])
+
+    return sample_loop(logits, next_logits, pad_id, eos_id, temperature, top_p, max_new_tokens)
+
+
+def sample_loop(logits: Tensor, next_logits, pad_id: int, eos_id: int | None, temperature: float,
+                top_p: float, max_new_tokens: int) -> tuple[Tensor, Tensor]:
+    """Sampling and stopping, whatever computes the logits: (tokens [B, T], sampler log-probs
+    [B, T]). ``logits`` [B, V] follow the prompts, ``next_logits(tok, t)`` the t-th sampled
+    tokens. A sequence that has emitted eos_id gets pad_id after it; the loop ends after
+    max_new_tokens tokens or as soon as every sequence has emitted eos_id."""
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     toks, lps = [], []
     for t in range(max_new_tokens):
         tok, lp = sample_next(logits, temperature, top_p)  # [B], [B]
@@ -183,12 +265,7 @@ def decode(model, step, prompts: list, pad_id: int, eos_id: int | None, temperat
         lps.append(lp)
         if t + 1 == max_new_tokens or (eos_id is not None and bool(done.all())):
             break
-        seen[:, P + t] = True
-        last = last + 1
-        mask = attention_mask(seen[:, None, None, : keys(P + t + 1)], kernel, dtype)
-        out = step(input_ids=tok[:, None], position_ids=last, attention_mask=mask,
-                   use_cache=True, logits_to_keep=1, **{cache_arg: cache}, **slots_kw(P + t, 1))
-        logits = _fp32_or_wider(out.logits[:, -1])
+        logits = next_logits(tok, t)
     return torch.stack(toks, 1), torch.stack(lps, 1)
 
 
