@@ -396,8 +396,9 @@ def floors(r: SimpleNamespace, gen_tokens: list, repeats: int) -> list[Row]:
     cfg, run = r.cfg, r.run
     task, policy = run.task, run.policy
     model = getattr(policy, "module", policy)
+    engine = run.engine.engine  # the engine inside the loop's OnPolicy / LaggedEngine
     rows = []
-    if not isinstance(run.engine, HFEngine):
+    if not isinstance(engine, HFEngine):
         rows.append(Row("generation, evaluation", "(no floor: the run's engine is not hf)"))
     elif getattr(model.config, "model_type", None) != "qwen3":
         rows.append(Row("generation, evaluation", "(no floor: the policy is not a Qwen3)"))
@@ -416,7 +417,7 @@ def floors(r: SimpleNamespace, gen_tokens: list, repeats: int) -> list[Row]:
         if hasattr(task, "eval_prompts"):
             ev = [p.ids for p in task.eval_prompts]
             rows.append(paired(
-                f"evaluation: {len(ev)} prompts, greedy", lambda: task.evaluate(policy, run.engine),
+                f"evaluation: {len(ev)} prompts, greedy", lambda: run.engine.evaluate(task, policy),
                 "static-KV loop", lambda: static_kv_decode(
                     model, ev, task.pad_id, task.eos_id, 0.0, 1.0, cfg.max_new_tokens), repeats))
     b = r.batch
