@@ -118,11 +118,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "threads": 1,
     },
     # addition with a written scratchpad (rpg_ref/tasks/carry.py, docs/carry_task.md)
+    # the setting the carry calibration chose (small_scale/RESULTS.md): a frozen reference (the
+    # warm start) at beta 0.1, the task's token cost 0.02, one update of the 128 responses per batch
     "carry": {
         "task": "carry",
         "steps": 40,
         "max_new_tokens": 40,
         "lr": 3e-4,
+        "ref": "init",
+        "beta": 0.1,
+        "mini_batch_size": 128,
+        "updates_per_step": 1,
         "clip": [0.2, 0.28, 3.0],
         "eval_every": 10,
         "save_every": 20,
