@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 MODELS = ("tiny", "0.6b-4l")
 
 

@@ -56,12 +56,9 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from bench_common import device_name
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rpg_ref, paper_figs
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common.py
-from bench_common import device_name
 
 from rpg_ref.engines.hf import sample_loop
 from rpg_ref.interfaces import left_pad

@@ -30,10 +30,8 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # small_scale/bench_common.py
 from bench_common import device_name, model_config
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rpg_ref.core.losses as L
 
