@@ -443,6 +443,68 @@ def plot_levels(spec: dict, a: dict, out: Path) -> list[Path]:
 # RESULTS.md: generated blocks
 # ----------------------------------------------------------------------------------------------
 
+TESTBEDS = S.HERE / "testbeds.json"
+
+
+def claim_side(entry: dict, studies: dict) -> dict:
+    """One side of a testbeds row: its contrast's result and whether its study has every planned
+    seed of it; or the reason the testbed cannot express the claim ({"why": ...})."""
+    if "why" in entry:
+        return {"why": entry["why"]}
+    name, contrast = entry["study"], entry["contrast"]
+    a = studies[name]
+    found = [r for r in a["primary"] + a["secondary"] if r["name"] == contrast]
+    if not found:
+        raise S.StudyError(f"{TESTBEDS.name}: study {name} has no contrast {contrast!r}")
+    r = found[0]
+    planned = min(a["cells"][c]["planned"] for c in weights(r))
+    return {"r": r, "study": name, "planned": planned, "complete": r["n"] >= planned}
+
+
+def verdict_class(r: dict) -> str:
+    """'+' or '-' for a significant difference (its sign), '0' for none detected."""
+    if r["verdict"] in (SUPPORTED, CONTRADICTED):
+        return "+" if r["mean"] > 0 else "-"
+    return "0"
+
+
+def agreement(seq: dict, carry: dict) -> str:
+    """The testbeds row's last column: "replicated" only where both testbeds ran the claim to
+    every planned seed and found a difference of the same sign; "no difference on either" where
+    both found none; "differ" otherwise; "pending" while a study's seeds are still landing."""
+    if "why" in seq or "why" in carry:
+        return "one testbed only"
+    for side in (seq, carry):
+        if not side["complete"]:
+            return f"pending ({side['study']}: {side['r']['n']} of {side['planned']} seeds)"
+    a, b = verdict_class(seq["r"]), verdict_class(carry["r"])
+    if a == b:
+        return "no difference on either" if a == "0" else "**replicated**"
+    return "differ"
+
+
+def two_testbeds_report(studies: dict, path: Path) -> str | None:
+    """The claims of testbeds.json, each with the seq task's and the carry task's contrast; None
+    unless every study it names has results (a results folder of one study leaves it alone)."""
+    def cell(side: dict) -> str:
+        if "why" in side:
+            return side["why"]
+        r = side["r"]
+        if r["n"] == 0:
+            return f"{side['study']}: not yet run"
+        return (f"{side['study']}: {_f(r['mean'])} [{_f(r['lo'])}, {_f(r['hi'])}], n = {r['n']}; "
+                f"{r['verdict']}")
+    spec = json.loads(path.read_text())
+    named = {row[k]["study"] for row in spec["rows"] for k in ("seq", "carry") if "study" in row[k]}
+    if not named <= set(studies):
+        return None
+    L = ["| claim | seq task (A, B) | carry task (C) | both |", "|---|---|---|---|"]
+    for row in spec["rows"]:
+        seq, carry = (claim_side(row[k], studies) for k in ("seq", "carry"))
+        L.append(f"| {row['claim']} | {cell(seq)} | {cell(carry)} | {agreement(seq, carry)} |")
+    return "\n".join(L) + "\n"
+
+
 def begin(study: str) -> str:
     return f"<!-- generated: python small_scale/analysis.py --all ({study}) -->"
 
@@ -507,6 +569,13 @@ def main(argv=None) -> int:
         print(f"analysis.py: {e}", file=sys.stderr)
         return 2
     blocks = {name: report(res) for name, (_, res) in studies.items()}
+    try:
+        both = two_testbeds_report({name: res for name, (_, res) in studies.items()}, TESTBEDS)
+    except S.StudyError as e:
+        print(f"analysis.py: {e}", file=sys.stderr)
+        return 2
+    if both is not None:
+        blocks["testbeds"] = both
     md = Path(a.results_md)
     text = md.read_text()
     new = fill_blocks(text, blocks)

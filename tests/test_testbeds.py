@@ -1,0 +1,61 @@
+"""small_scale/testbeds.json and its block of RESULTS.md: every contrast it names is one its
+study pre-registered, and the last column says "replicated" only where both testbeds ran the claim
+on every planned seed and found a difference of the same sign."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("scipy")
+import analysis as A  # small_scale/ (on the path: tests/conftest.py)
+import study_files as S
+
+
+def test_every_contrast_named_is_one_its_study_registered():
+    """Each row's seq and carry entries name a contrast of the study file they cite (primary or
+    secondary), or say why the testbed cannot express the claim."""
+    rows = json.loads(A.TESTBEDS.read_text())["rows"]
+    assert rows
+    for row in rows:
+        for side in ("seq", "carry"):
+            entry = row[side]
+            if "why" in entry:
+                assert entry["why"].strip()
+                continue
+            spec = S.load_study(entry["study"])
+            names = [c["name"] for fam in ("primary", "secondary")
+                     for c in spec["analysis"].get(fam, [])]
+            assert entry["contrast"] in names, (entry, row["claim"])
+
+
+def side(verdict: str, mean: float, n: int = 20, planned: int = 20) -> dict:
+    r = {"verdict": verdict, "mean": mean, "n": n}
+    return {"r": r, "study": "X", "planned": planned, "complete": n >= planned}
+
+
+@pytest.mark.parametrize("seq,carry,want", [
+    (side(A.SUPPORTED, 0.1), side(A.SUPPORTED, 0.2), "**replicated**"),
+    (side(A.CONTRADICTED, -0.1), side(A.CONTRADICTED, -0.3), "**replicated**"),
+    (side(A.SUPPORTED, 0.1), side(A.SUPPORTED, -0.2), "differ"),       # two-sided, opposite signs
+    (side(A.SUPPORTED, 0.1), side("no difference larger than 0.05", 0.01), "differ"),
+    (side("no difference larger than 0.05", 0.01), side("no difference larger than 0.04", -0.02),
+     "no difference on either"),
+    (side(A.SUPPORTED, 0.1), side(A.SUPPORTED, 0.2, n=12, planned=22),
+     "pending (X: 12 of 22 seeds)"),
+    ({"why": "not expressible"}, side(A.SUPPORTED, 0.2), "one testbed only"),
+])
+def test_agreement_reads_replicated_only_where_both_agree(seq, carry, want):
+    assert A.agreement(seq, carry) == want
+
+
+def test_a_contrast_the_study_does_not_have_is_one_clear_error(tmp_path):
+    """A row naming a contrast its study lacks stops the analysis with the file and the name."""
+    bad = tmp_path / "testbeds.json"
+    bad.write_text(json.dumps({"rows": [{"claim": "c", "seq": {"why": "w"},
+                                         "carry": {"study": "Z", "contrast": "no such"}}]}))
+    studies = {"Z": {"primary": [], "secondary": [], "cells": {}}}
+    with pytest.raises(S.StudyError, match="study Z has no contrast 'no such'"):
+        A.two_testbeds_report(studies, bad)
+    assert A.two_testbeds_report({}, bad) is None  # Z has no results here: no table
