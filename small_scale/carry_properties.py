@@ -3,6 +3,7 @@ committed rows of study C (small_scale/results/C.jsonl) and its calibration.
 
     python small_scale/carry_properties.py            # the table (markdown), docs/carry_task.md
     python small_scale/carry_properties.py --json     # the same numbers, machine-readable
+    python small_scale/carry_properties.py --write    # the table into docs/carry_task.md
 
 Each property has the requirement it is held to and what was measured; "holds" is yes or no
 (n/a while the rows it needs are missing). The rules, in the order of the table:
@@ -34,6 +35,7 @@ import statistics
 import sys
 import types
 
+import analysis as A
 import numpy as np
 import study_files as S
 
@@ -148,7 +150,6 @@ def properties(rows: list[dict], spec: dict, beta: float | None, contrast: dict 
 
 
 def measure(results=S.RESULTS, studies=S.STUDIES) -> list[dict]:
-    import analysis as A
     spec = S.load_study(STUDY, studies)
     rows = S.read_rows(S.results_path(STUDY, results), spec, report_torn=False)
     try:
@@ -164,6 +165,12 @@ def measure(results=S.RESULTS, studies=S.STUDIES) -> list[dict]:
     return properties(kept if rows else rows, spec, beta, contrast, task_lengths())
 
 
+DOC = S.ROOT / "docs" / "carry_task.md"
+DOC_NAME = "docs/carry_task.md"
+BEGIN = "<!-- generated: python small_scale/carry_properties.py --write -->"
+END = "<!-- end generated (carry properties) -->"
+
+
 def table(props: list[dict]) -> str:
     words = {True: "yes", False: "no", None: "n/a"}
     lines = ["| property | requirement | measured | holds |", "|---|---|---|---|"]
@@ -175,6 +182,9 @@ def table(props: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="carry_properties.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--write", action="store_true", help=f"write the table into {DOC_NAME}")
+    ap.add_argument("--check", action="store_true",
+                    help=f"exit 1 when {DOC_NAME}'s table is not what the rows give")
     ap.add_argument("--results", default=str(S.RESULTS))
     ap.add_argument("--studies", default=str(S.STUDIES), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -183,7 +193,25 @@ def main(argv=None) -> int:
     except S.StudyError as e:
         print(f"carry_properties.py: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(props, indent=1) if a.json else table(props), end="")
+    if not (a.write or a.check):
+        print(json.dumps(props, indent=1) if a.json else table(props), end="")
+        return 0
+    text = DOC.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"carry_properties.py: {DOC_NAME} has no block to fill ({BEGIN} ... {END})",
+              file=sys.stderr)
+        return 2
+    i, j = text.index(BEGIN) + len(BEGIN), text.index(END)
+    new = text[:i] + "\n" + table(props) + text[j:]
+    if a.check:
+        if new != text:
+            print(f"carry_properties.py: {DOC_NAME}'s table differs from the rows; run: "
+                  "python small_scale/carry_properties.py --write", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        DOC.write_text(new)
+        print(f"rewrote the table of {DOC_NAME}")
     return 0
 
 

@@ -91,3 +91,16 @@ def test_the_task_lengths_are_the_closed_form():
     assert (got["worked_min"], got["worked_max"]) == (min(worked), max(worked)) == (8, 39)
     direct = [2 + len(str(a + b)) for a, b in (p.answer for p in ps)]
     assert got["direct_mean"] == pytest.approx(sum(direct) / len(direct), abs=1e-12)
+
+
+def test_the_docs_table_is_what_the_committed_rows_give(tmp_path, monkeypatch, capsys):
+    """docs/carry_task.md's table is the one the committed rows give (--check exits 0); a table
+    that differs is reported (exit 1) and --write rewrites it."""
+    assert P.main(["--check"]) == 0
+    doc = tmp_path / "carry_task.md"
+    doc.write_text(P.DOC.read_text().replace(P.BEGIN + "\n", P.BEGIN + "\n| stale |\n"))
+    monkeypatch.setattr(P, "DOC", doc)
+    assert P.main(["--check"]) == 1
+    assert "differs from the rows" in capsys.readouterr().err
+    assert P.main(["--write"]) == 0 and P.main(["--check"]) == 0
+    assert "| stale |" not in doc.read_text()
