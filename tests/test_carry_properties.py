@@ -104,3 +104,12 @@ def test_the_docs_table_is_what_the_committed_rows_give(tmp_path, monkeypatch, c
     assert "differs from the rows" in capsys.readouterr().err
     assert P.main(["--write"]) == 0 and P.main(["--check"]) == 0
     assert "| stale |" not in doc.read_text()
+
+
+def test_the_table_has_four_columns_on_every_row():
+    """No cell's text holds a '|' (it would split the markdown table's row)."""
+    spec = S.load_study("C")
+    for props in (P.properties(rows_where(0.2), spec, 1.0, GOOD_CONTRAST, LENGTHS),
+                  P.properties([], spec, None, None, LENGTHS)):
+        for line in P.table(props).splitlines():
+            assert line.count("|") == 5, line
