@@ -67,6 +67,12 @@ def test_each_rule_holds_and_fails_where_it_should():
     assert bad["beta KL is part of the objective"]["holds"] is False     # 0.0028 / 0.3028
     assert bad["responses are long and vary"]["holds"] is False
     assert bad["a run costs <= 60 s CPU"]["holds"] is False
+    # a seed the exclusion rule drops still counts against the warm start: 10 kept + 1 failed
+    failed = [row("warm-start", 99, 0.1, cpu=200.0)]
+    kept = rows_where(0.2)
+    some = by_name(P.properties(kept, spec, 1.0, GOOD_CONTRAST, LENGTHS, all_rows=kept + failed))
+    assert "10 / 11 seeds" in some["the warm start succeeds"]["measured"]
+    assert some["the warm start succeeds"]["holds"] is False             # 10 / 11 < 0.95
     # nothing measured yet: every property n/a
     empty = P.properties([], spec, None, None, LENGTHS)
     assert all(p["holds"] is None for p in empty)
