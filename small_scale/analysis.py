@@ -519,9 +519,14 @@ def fill_blocks(text: str, blocks: dict) -> str:
     for study, body in blocks.items():
         b, e = begin(study), end(study)
         if b in text and e in text:
-            i, j = text.index(b) + len(b), text.index(e)
-            text = text[:i] + "\n" + body + text[j:]
+            text = between(text, b, e, body)
     return text
+
+
+def between(text: str, b: str, e: str, body: str) -> str:
+    """``text`` with what stands between the markers ``b`` and ``e`` replaced by ``body``."""
+    i, j = text.index(b) + len(b), text.index(e)
+    return text[:i] + "\n" + body + text[j:]
 
 
 def analysed(results=S.RESULTS, studies=S.STUDIES) -> dict:

@@ -205,8 +205,7 @@ def main(argv=None) -> int:
         print(f"carry_properties.py: {DOC_NAME} has no block to fill ({BEGIN} ... {END})",
               file=sys.stderr)
         return 2
-    i, j = text.index(BEGIN) + len(BEGIN), text.index(END)
-    new = text[:i] + "\n" + table(props) + text[j:]
+    new = A.between(text, BEGIN, END, table(props))
     if a.check:
         if new != text:
             print(f"carry_properties.py: {DOC_NAME}'s table differs from the rows; run: "
