@@ -287,3 +287,39 @@ def test_gpu_vs_trl_runs_end_to_end_on_cpu(tmp_path, capsys):
     )
     assert r["peak_memory_ratio"] == r["ours"]["peak_gib"] / r["trl"]["peak_gib"]
     assert all(t > 0 for t in r["ours"]["step_s"] + r["trl"]["step_s"])
+
+
+# small_scale/gpu_session.sh: what it carries to the GPU machine and how it refuses
+SESSION = Path(__file__).resolve().parent.parent / "small_scale" / "gpu_session.sh"
+
+
+def _bash_array(name: str) -> set:
+    """The package names of a bash array ``NAME=(a==1 b ...)`` in gpu_session.sh."""
+    import re
+
+    text = SESSION.read_text()
+    body = re.search(rf"^{name}=\((.*?)\)", text, re.S | re.M).group(1)
+    return {re.split(r"[=<>]", w)[0].lower().replace("_", "-") for w in body.split()}
+
+
+def test_gpu_session_carries_every_runtime_dependency():
+    """Each of pyproject.toml's runtime dependencies is in the GPU image (IMAGE_HAS) or carried as
+    a wheel (WHEELS): a dependency added to the project and missing there stops the GPU call at
+    its first import."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((SESSION.parent.parent / "pyproject.toml").read_text())["project"][
+        "dependencies"]
+    names = {re.split(r"[\s=<>!~;\[]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+    missing = names - _bash_array("IMAGE_HAS") - _bash_array("WHEELS")
+    assert not missing, f"gpu_session.sh neither has nor carries {sorted(missing)}"
+
+
+def test_gpu_session_refuses_an_unknown_step():
+    """An unknown step: one usage line naming the steps, exit 2, nothing installed."""
+    import subprocess
+
+    r = subprocess.run(["bash", str(SESSION), "bogus"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "prepare|all|tests|default|gen" in r.stderr
