@@ -307,6 +307,7 @@ def test_gpu_session_carries_every_runtime_dependency():
     a wheel (WHEELS): a dependency added to the project and missing there stops the GPU call at
     its first import."""
     import re
+
     import tomllib
 
     deps = tomllib.loads((SESSION.parent.parent / "pyproject.toml").read_text())["project"][
