@@ -34,7 +34,10 @@ this scale" when its Holm-adjusted p < alpha and the mean difference has the cla
 "contradicted at this scale" when p < alpha with the opposite sign, else "no difference larger
 than X", X = the larger |end| of its 95 % interval (differences beyond X are excluded at 95 %).
 A two-sided claim ("they differ") is supported or gets "no difference larger than X". Nothing is
-ranked: cells are never ordered by a difference that is not significant.
+ranked: cells are never ordered by a difference that is not significant. A verdict is given only
+when every contrast of its Holm family has every planned seed (excluded ones out): until then the
+contrast reads "pending (n of N seeds)", or "pending (its family's other contrasts are landing)"
+when its own seeds are in but Holm's adjustment still depends on p-values to come.
 """
 
 from __future__ import annotations
@@ -198,6 +201,22 @@ def contrast_family(rows: list[dict], contrasts: list[dict], default_outcome: st
     return res
 
 
+def withhold_unfinished(family: list[dict], cells: dict) -> list[dict]:
+    """Mark each contrast of a Holm family ``final`` only when every contrast of the family has
+    every planned seed of its cells (``cells``: analyse's per-cell counts); otherwise replace the
+    verdict by "pending" (module docstring): an interim verdict would be a peek at a pre-registered
+    test, and Holm's adjustment of a finished contrast still depends on the others' p-values."""
+    for r in family:
+        r["planned"] = min(cells[c]["planned"] for c in weights(r))
+    done = all(r["n"] >= r["planned"] for r in family)
+    for r in family:
+        r["final"] = done
+        if not done:
+            r["verdict"] = (f"pending ({r['n']} of {r['planned']} seeds)" if r["n"] < r["planned"]
+                            else "pending (its family's other contrasts are landing)")
+    return family
+
+
 def collapsed(rows: list[dict], rule: dict) -> dict:
     """{cell: {seed: bool}}: outcome < below * the seed's reference-cell outcome, or < floor."""
     vals = S.values(rows, rule["outcome"])
@@ -253,10 +272,12 @@ def analyse(spec: dict, rows: list[dict]) -> dict:
             "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
             "cpu_s": float(np.mean([r["cpu_s"] for r in mine])) if mine else None}
     for fam in ("primary", "secondary"):
-        out[fam] = contrast_family(rows, an.get(fam, []), outcome, alpha)
+        out[fam] = withhold_unfinished(contrast_family(rows, an.get(fam, []), outcome, alpha),
+                                       out["cells"])
     if "collapse" in an:
         out["collapse"] = collapse_family(rows, an["collapse"], an.get("collapse_contrasts", []),
                                           alpha)
+        withhold_unfinished(out["collapse"]["contrasts"], out["cells"])
     if "select" in an:
         out["select"] = S.select(spec, every_row)
     if "optima" in an:
@@ -457,8 +478,7 @@ def claim_side(entry: dict, studies: dict) -> dict:
     if not found:
         raise S.StudyError(f"{TESTBEDS.name}: study {name} has no contrast {contrast!r}")
     r = found[0]
-    planned = min(a["cells"][c]["planned"] for c in weights(r))
-    return {"r": r, "study": name, "planned": planned, "complete": r["n"] >= planned}
+    return {"r": r, "study": name, "planned": r["planned"], "complete": r["final"]}
 
 
 def verdict_class(r: dict) -> str:
@@ -476,7 +496,7 @@ def agreement(seq: dict, carry: dict) -> str:
         return "one testbed only"
     for side in (seq, carry):
         if not side["complete"]:
-            return f"pending ({side['study']}: {side['r']['n']} of {side['planned']} seeds)"
+            return f"pending ({side['study']}: {side['r']['verdict'].removeprefix('pending (')}"
     a, b = verdict_class(seq["r"]), verdict_class(carry["r"])
     if a == b:
         return "no difference on either" if a == "0" else "**replicated**"

@@ -152,6 +152,23 @@ def test_planted_effect_is_found_and_a_reversed_one_contradicts():
     assert A.analyse(SPEC, rows)["primary"][0]["verdict"] == A.CONTRADICTED
 
 
+def test_no_verdict_until_every_contrast_of_the_family_has_its_seeds():
+    """A planted effect clear at 20 seeds: with one cell at 5 of its 20 seeds, the contrast on it
+    reads "pending (5 of 20 seeds)" and the finished contrast of the same Holm family reads
+    "pending (its family's other contrasts are landing)" (its Holm p depends on the other's);
+    with every seed in, both get their verdicts and are final."""
+    rng = np.random.default_rng(3)
+    rows = synthetic_rows({"on-a": 0.0, "on-b": 0.0, "off-a": -0.1, "off-b": -0.2}, 20, rng)
+    part = [r for r in rows if r["cell"] != "on-b" or r["seed"] < 5]
+    off, inter = A.analyse(SPEC, part)["primary"]
+    assert (off["n"], inter["n"]) == (20, 5)
+    assert inter["verdict"] == "pending (5 of 20 seeds)" and not inter["final"]
+    assert off["verdict"] == "pending (its family's other contrasts are landing)"
+    assert not off["final"]
+    off, inter = A.analyse(SPEC, rows)["primary"]
+    assert off["verdict"] == inter["verdict"] == A.SUPPORTED and off["final"] and inter["final"]
+
+
 def test_null_flags_no_more_often_than_alpha():
     """No planted effect: over 1500 synthetic studies of 20 seeds, the family of two primary
     contrasts (Holm; the verdict's path, without the Wilcoxon p and the MDE it does not use)
