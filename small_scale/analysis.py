@@ -468,8 +468,9 @@ TESTBEDS = S.HERE / "testbeds.json"
 
 
 def claim_side(entry: dict, studies: dict) -> dict:
-    """One side of a testbeds row: its contrast's result and whether its study has every planned
-    seed of it; or the reason the testbed cannot express the claim ({"why": ...})."""
+    """One side of a testbeds row: its study and its contrast's result (whose ``final`` says
+    whether its verdict is given); or the reason the testbed cannot express the claim
+    ({"why": ...})."""
     if "why" in entry:
         return {"why": entry["why"]}
     name, contrast = entry["study"], entry["contrast"]
@@ -478,7 +479,7 @@ def claim_side(entry: dict, studies: dict) -> dict:
     if not found:
         raise S.StudyError(f"{TESTBEDS.name}: study {name} has no contrast {contrast!r}")
     r = found[0]
-    return {"r": r, "study": name, "planned": r["planned"], "complete": r["final"]}
+    return {"r": r, "study": name}
 
 
 def verdict_class(r: dict) -> str:
@@ -495,7 +496,7 @@ def agreement(seq: dict, carry: dict) -> str:
     if "why" in seq or "why" in carry:
         return "one testbed only"
     for side in (seq, carry):
-        if not side["complete"]:
+        if not side["r"]["final"]:
             return f"pending ({side['study']}: {side['r']['verdict'].removeprefix('pending (')}"
     a, b = verdict_class(seq["r"]), verdict_class(carry["r"])
     if a == b:

@@ -33,8 +33,8 @@ def test_every_contrast_named_is_one_its_study_registered():
 def side(verdict: str, mean: float, n: int = 20, planned: int = 20) -> dict:
     if n < planned:
         verdict = f"pending ({n} of {planned} seeds)"   # what analysis.analyse writes
-    r = {"verdict": verdict, "mean": mean, "n": n}
-    return {"r": r, "study": "X", "planned": planned, "complete": n >= planned}
+    r = {"verdict": verdict, "mean": mean, "n": n, "final": n >= planned}
+    return {"r": r, "study": "X"}
 
 
 @pytest.mark.parametrize("seq,carry,want", [
