@@ -212,8 +212,9 @@ def withhold_unfinished(family: list[dict], cells: dict) -> list[dict]:
     for r in family:
         r["final"] = done
         if not done:
-            r["verdict"] = (f"pending ({r['n']} of {r['planned']} seeds)" if r["n"] < r["planned"]
-                            else "pending (its family's other contrasts are landing)")
+            r["pending"] = (f"{r['n']} of {r['planned']} seeds" if r["n"] < r["planned"]
+                            else "its family's other contrasts are landing")
+            r["verdict"] = f"pending ({r['pending']})"
     return family
 
 
@@ -497,7 +498,7 @@ def agreement(seq: dict, carry: dict) -> str:
         return "one testbed only"
     for side in (seq, carry):
         if not side["r"]["final"]:
-            return f"pending ({side['study']}: {side['r']['verdict'].removeprefix('pending (')}"
+            return f"pending ({side['study']}: {side['r']['pending']})"
     a, b = verdict_class(seq["r"]), verdict_class(carry["r"])
     if a == b:
         return "no difference on either" if a == "0" else "**replicated**"

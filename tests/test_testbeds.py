@@ -31,9 +31,10 @@ def test_every_contrast_named_is_one_its_study_registered():
 
 
 def side(verdict: str, mean: float, n: int = 20, planned: int = 20) -> dict:
-    if n < planned:
-        verdict = f"pending ({n} of {planned} seeds)"   # what analysis.analyse writes
     r = {"verdict": verdict, "mean": mean, "n": n, "final": n >= planned}
+    if n < planned:   # what analysis.withhold_unfinished writes
+        r["pending"] = f"{n} of {planned} seeds"
+        r["verdict"] = f"pending ({r['pending']})"
     return {"r": r, "study": "X"}
 
 
