@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_runs import sigint_as_in_a_terminal
 
 from rpg_ref import cli, strict_json
 from rpg_ref.core.losses import LOSSES
@@ -210,11 +211,9 @@ def test_a_config_json_without_the_newer_fields_resumes(tmp_path, capsys):
 def _start(argv: list, cwd: Path, script: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     entry = [str(script)] if script else ["-m", "rpg_ref.cli"]
-    # SIGINT as a terminal's process has it: a suite started in the background (`pytest &`) runs
-    # with SIGINT ignored, which its children would inherit (and Python then keeps ignoring it)
     return subprocess.Popen([sys.executable, *entry, *argv], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_as_in_a_terminal)
 
 
 def _wait_for_rows(p: subprocess.Popen, metrics: Path, n: int, limit_s: float = 600) -> None:

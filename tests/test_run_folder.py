@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import sigint_as_in_a_terminal
 
 pytest.importorskip("safetensors")
 
@@ -614,11 +615,9 @@ def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    # SIGINT as a terminal's process has it: a suite started in the background runs with SIGINT
-    # ignored, which the run would inherit (and keep ignoring): Ctrl-C would never reach it
     p = subprocess.Popen([sys.executable, "-m", "rpg_ref.cli", *argv], stdin=slave, stdout=slave,
                          stderr=slave, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=sigint_as_in_a_terminal)
     STARTED.append(p)
     os.close(slave)
     shown, sent, deadline = b"", False, time.time() + 300

@@ -3,13 +3,13 @@ is one line and exit code 130, as Ctrl-C later is. A real process gets a real SI
 the import of a named module begins (an import hook signals its own process: deterministic)."""
 
 import re
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from tiny_runs import sigint_as_in_a_terminal
 
 from rpg_ref import scripts
 
@@ -49,10 +49,8 @@ def _run(command: str, target: str, args: list) -> subprocess.CompletedProcess:
         Path("model", name).write_text(text)
     code = CHILD.format(target=target, command=command, args=args,
                         function=command.replace("-", "_"))
-    # SIGINT as a terminal's process has it (a suite started in the background ignores it)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                        signal.SIG_DFL))
+                          timeout=300, preexec_fn=sigint_as_in_a_terminal)
 
 
 def test_every_console_script_goes_through_the_handler():

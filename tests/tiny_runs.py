@@ -7,11 +7,14 @@ flag, False -> --no-<flag>, a tuple -> several values, None -> the flag left out
     small_seq_argv(**settings)               --task seq, 4 prompts x 4 responses
     tiny_eval_argv(model, out, **settings)   rpg-eval of ``model`` (an HF folder) on 2 AMC23
                                              problems x 2 responses, normalizer checks, into ``out``
+    sigint_as_in_a_terminal                  preexec_fn of a child that a test sends Ctrl-C
 
 Standard library only: tests/test_vllm_real.py imports it in the vLLM venv.
 """
 
 from __future__ import annotations
+
+import signal
 
 TINY_MATH = {
     "task": "math",
@@ -86,3 +89,10 @@ def small_seq_argv(**settings) -> list[str]:
 def tiny_eval_argv(model, out, **settings) -> list[str]:
     """The tiny rpg-eval run of ``model`` (an HF checkpoint folder), its results in ``out``."""
     return argv_of({"model": str(model), **TINY_EVAL, **settings, "out": str(out)})
+
+
+def sigint_as_in_a_terminal() -> None:
+    """SIGINT as a terminal's process has it, for a child that a test sends Ctrl-C: a suite started
+    in the background runs with SIGINT ignored, which its children inherit (and Python then keeps
+    ignoring), so the signal would never reach them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
