@@ -381,7 +381,9 @@ def report(a: dict) -> str:
               "|---|---|---|---|---|"]
         for name, s in a["select"].items():
             for v, c in s["candidates"].items():
-                extra = (f" (gain {c['gain']:+.3f}, job {c['job']:+.3f})" if "gain" in c else "")
+                extra = (f" (gain {c['gain']:+.3f}, job {c['job']:+.3f})" if "job" in c else
+                         f" (gain {c['gain']:+.3f}, clip binds {c['bind']:.3f})" if "bind" in c
+                         else "")
                 L.append(f"| {name} | {v} | {c['score']:.3f}{extra} | {c['floored']:.2f} | "
                          f"{c['n']} |")
             L.append(f"| {name} | **chosen: {s['choice']}** | "

@@ -85,24 +85,27 @@ RUNS = ROOT / "runs" / "study"
 # ----------------------------------------------------------------------------------------------
 
 def resolve_calibrated(args: dict, values: dict | None) -> dict:
-    """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F."""
-    out = {}
-    for k, v in args.items():
-        if isinstance(v, dict):
-            if set(v) - {"calibrated", "times"} or "calibrated" not in v:
-                raise StudyError(f"--{k.replace('_', '-')}: a dict value must be "
-                                 f'{{"calibrated": NAME, "times": F}}, got {v}')
-            if values is None or v["calibrated"] not in values:
-                raise StudyError(f"--{k.replace('_', '-')} needs the calibration's "
-                                 f"{v['calibrated']!r}, which is not chosen yet")
-            v = float(f"{values[v['calibrated']] * v.get('times', 1.0):.6g}")
-        out[k] = v
-    return out
+    """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F (a flag's value, or one
+    item of a list value such as --clip's)."""
+    def one(k, v):
+        if not isinstance(v, dict):
+            return v
+        if set(v) - {"calibrated", "times"} or "calibrated" not in v:
+            raise StudyError(f"--{k.replace('_', '-')}: a dict value must be "
+                             f'{{"calibrated": NAME, "times": F}}, got {v}')
+        if values is None or v["calibrated"] not in values:
+            raise StudyError(f"--{k.replace('_', '-')} needs the calibration's "
+                             f"{v['calibrated']!r}, which is not chosen yet")
+        return float(f"{values[v['calibrated']] * v.get('times', 1.0):.6g}")
+
+    return {k: [one(k, x) for x in v] if isinstance(v, list) else one(k, v)
+            for k, v in args.items()}
 
 
 def needs_calibration(spec: dict) -> bool:
     every = [spec["common"]] + [c.get("args", {}) for c in spec["cells"].values()]
-    return any(isinstance(v, dict) for a in every for v in a.values())
+    return any(isinstance(x, dict) for a in every for v in a.values()
+               for x in (v if isinstance(v, list) else [v]))
 
 
 @dataclasses.dataclass
@@ -225,7 +228,8 @@ def append_row(path: Path, row: dict) -> None:
 def outcomes(metrics: list[dict], rules: dict) -> dict:
     """{name: value} of each pre-registered outcome, from a run's full metrics rows: the values
     of ``key`` at the steps that logged it, reduced by last (mean of the last k), mean, first,
-    max or min. None when the run never logged the key."""
+    max, min, or drop (the first value minus the smallest: how far the run fell below where its
+    first evaluation stood, >= 0). None when the run never logged the key."""
     out = {}
     for name, rule in rules.items():
         vals = [r[rule["key"]] for r in metrics if r.get(rule["key"]) is not None]
@@ -239,7 +243,8 @@ def outcomes(metrics: list[dict], rules: dict) -> dict:
         elif red == "mean":
             out[name] = sum(vals) / len(vals)
         else:
-            out[name] = {"first": vals[0], "max": max(vals), "min": min(vals)}[red]
+            out[name] = {"first": vals[0], "max": max(vals), "min": min(vals),
+                         "drop": vals[0] - min(vals)}[red]
     return out
 
 

@@ -26,7 +26,7 @@ SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "first_seed",
 CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
 ROLES = ("primary", "secondary", "reference")
 RESERVED = {"seed", "init_seed", "out", "resume", "cache_dir", "threads", "progress"}
-REDUCERS = ("last", "mean", "first", "max", "min")
+REDUCERS = ("last", "mean", "first", "max", "min", "drop")
 
 
 class StudyError(ValueError):
@@ -166,6 +166,8 @@ def select(spec: dict, rows: list[dict]) -> dict:
       outcome minus its ``base`` cell's (beta 0: what the KL term changes); score =
       min(gain - ``min_gain``, job). The choice is the candidate with the largest score ("inside
       the range" when it is > 0: both criteria met), the smaller key on a tie.
+    "clip-binds" (several names at once, as gain-and-job): RL still improves on-policy and the
+      clip binds off-policy; the first eligible candidate in the file's order (clip_binds).
     Complete: every cell of the study has all its planned seeds but those of the study's
     ``exclude`` rule, which do not count in any score (study.py does not run them)."""
     done = {(r["cell"], r["seed"]) for r in rows}
@@ -175,8 +177,9 @@ def select(spec: dict, rows: list[dict]) -> dict:
     rows = [r for r in rows if r["seed"] not in dropped]
     out = {}
     for name, rule in spec["analysis"]["select"].items():
-        if rule["rule"] == "gain-and-job":
-            out[name] = {**gain_and_job(rule, rows), "complete": complete}
+        if rule["rule"] in ("gain-and-job", "clip-binds"):
+            pick = gain_and_job if rule["rule"] == "gain-and-job" else clip_binds
+            out[name] = {**pick(rule, rows), "complete": complete}
             continue
         cands = {}
         for value, cells in rule["candidates"].items():
@@ -230,6 +233,40 @@ def gain_and_job(rule: dict, rows: list[dict]) -> dict:
     return {"candidates": cands,
             "choice": None if choice is None else tuple(float(x) for x in choice.split(",")),
             "inside_range": choice is not None and cands[choice]["score"] > 0}
+
+
+def clip_binds(rule: dict, rows: list[dict]) -> dict:
+    """The "clip-binds" choice (select's docstring): a candidate setting has an on-policy cell
+    ``on`` and off-policy cells ``off``; gain = mean over seeds of ``on``'s outcome minus the
+    ``reference_cell``'s (what RL adds on-policy), bind = the smallest, over the ``off`` cells, of
+    the mean over seeds of the share of units the clip bound on (the sum of the ``bind``
+    outcomes: its low, high and dual branches). Eligible: gain >= ``min_gain`` and bind >=
+    ``min_bind``; score = min(gain - min_gain, bind - min_bind). The choice is the first eligible
+    candidate in the order the study file lists them (its pre-registered preference); with none
+    eligible, none ("outside the range": the grid must be extended)."""
+    vals = values(rows, rule["outcome"])
+    ref = vals.get(rule["reference_cell"], {})
+    bind_vals = [values(rows, o) for o in rule["bind"]]
+    cands = {}
+    for key, c in rule["candidates"].items():
+        on = vals.get(c["on"], {})
+        seeds = sorted(set(on) & set(ref))
+        per_cell = []
+        for cell in c["off"]:
+            got = [sum(v.get(cell, {}).get(s, math.nan) for v in bind_vals)
+                   for s in sorted(set(bind_vals[0].get(cell, {})))]
+            per_cell.append(float(np.mean(got)) if got else math.nan)
+        if not seeds or any(math.isnan(b) for b in per_cell):
+            continue
+        gain = float(np.mean([on[s] - ref[s] for s in seeds]))
+        bind = min(per_cell)
+        cands[key] = {"score": min(gain - rule["min_gain"], bind - rule["min_bind"]),
+                      "gain": gain, "bind": bind, "floored": 0.0, "n": len(seeds)}
+    eligible = [k for k in rule["candidates"] if k in cands and cands[k]["score"] >= 0]
+    choice = eligible[0] if eligible else None
+    return {"candidates": cands,
+            "choice": None if choice is None else tuple(float(x) for x in choice.split(",")),
+            "inside_range": choice is not None}
 
 
 def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibration") -> dict:

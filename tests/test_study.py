@@ -134,6 +134,17 @@ def test_calibrated_values_are_substituted():
         S.resolve_calibrated({"lr": {"value": 1}}, {})
 
 
+def test_calibrated_items_of_a_list_flag_are_substituted():
+    """--clip eps_low eps_high c with calibrated items: each dict item replaced, the rest kept;
+    the study then needs its calibration."""
+    args = {"clip": [{"calibrated": "eps"}, {"calibrated": "eps", "times": 1.4}, 3.0]}
+    assert S.resolve_calibrated(args, {"eps": 0.1}) == {"clip": [0.1, 0.14, 3.0]}
+    with pytest.raises(S.StudyError, match="--clip needs the calibration's 'eps'"):
+        S.resolve_calibrated(args, {})
+    assert S.needs_calibration({"common": args, "cells": {"a": {}}})
+    assert not S.needs_calibration({"common": {"clip": [0.2, 0.28, 3.0]}, "cells": {"a": {}}})
+
+
 def test_outcomes_and_series():
     rows = [{"step": t, "reward": float(t), **({"eval_acc": t / 10} if t % 2 == 0 else {})}
             for t in range(1, 8)]
@@ -146,6 +157,15 @@ def test_outcomes_and_series():
     kept = S.series(rows, ["reward"], 3)
     assert [r["step"] for r in kept] == [2, 3, 4, 6, 7]      # every 3rd, evals, the last
     assert kept[0] == {"step": 2, "reward": 2.0, "eval_acc": 0.2}
+
+
+def test_drop_is_the_fall_from_the_first_evaluation_to_the_lowest():
+    """drop = first - min: 0.6 - 0.3 after a rise and a fall; 0 for a run that only rises (its
+    first value is its lowest)."""
+    rule = {"drop": {"key": "e", "reduce": "drop"}}
+    fell = [{"step": t, "e": v} for t, v in enumerate((0.6, 0.8, 0.3, 0.5))]
+    assert S.outcomes(fell, rule)["drop"] == pytest.approx(0.3, abs=1e-15)
+    assert S.outcomes([{"e": v} for v in (0.2, 0.4, 0.9)], rule) == {"drop": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,6 +220,7 @@ def test_study_runs_every_job_once_and_records_what_ran(tmp_path):
     assert again.returncode == 0 and "0 pending" in again.stdout
     st = run(tmp_path, "--status")
     assert "toy: 6/6 runs done; about 0.00 CPU-h left" in st.stdout
+
 
 
 def runner_at_its_first_checkpoint(tmp_path) -> tuple:
@@ -323,8 +344,8 @@ def test_committed_study_files_are_consistent(tmp_path):
     a run)."""
     import analysis as A
     names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
-    assert names == ["A", "B", "C", "ablation", "bandit", "calibration", "carry-calibration",
-                     "seq"]
+    assert names == ["A", "B", "C", "D-calibration", "ablation", "bandit", "calibration",
+                     "carry-calibration", "seq"]
     cals = {}
     for name in names:
         spec = S.load_study(name)
@@ -345,9 +366,10 @@ def test_committed_study_files_are_consistent(tmp_path):
                 assert set(line) <= by_name and len(line) == len(fig["levels"]), (name, fig)
         if "collapse" in an:
             assert an["collapse"]["reference_cell"] in cells
-        used = {v["calibrated"] for a in [spec["common"]] + [c.get("args", {})
+        used = {x["calibrated"] for a in [spec["common"]] + [c.get("args", {})
                                                               for c in cells.values()]
-                for v in a.values() if isinstance(v, dict)}
+                for v in a.values() for x in (v if isinstance(v, list) else [v])
+                if isinstance(x, dict)}
         if used:
             cal = cals.setdefault(spec["calibration"], S.load_study(spec["calibration"]))
             chosen = {n for key in cal["analysis"]["select"] for n in key.split(",")}
@@ -363,10 +385,10 @@ def test_committed_study_files_are_consistent(tmp_path):
     for cal in cals.values():
         for rule in cal["analysis"]["select"].values():
             for c in rule["candidates"].values():
-                members = (c if isinstance(c, str) else [c["cell"], c["base"]] if "cell" in c
-                           else c["on"] + c["off"])
-                assert set([members] if isinstance(members, str) else members) <= set(
-                    cal["cells"])
+                members = ([c] if isinstance(c, str) else [c["cell"], c["base"]] if "cell" in c
+                           else [*([c["on"]] if isinstance(c["on"], str) else c["on"]),
+                                 *c["off"]])
+                assert set(members) <= set(cal["cells"])
     S.validate(S.jobs_of(S.load_study("bandit"), tmp_path), tmp_path)
 
 

@@ -308,6 +308,44 @@ def test_gain_and_job_selection_rule():
     assert s["choice"] == (2.0, 5.0) and not s["inside_range"]
 
 
+def clip_binds_spec() -> dict:
+    cells = {c: {"seeds": 3} for c in ("w", "on-a", "off-a", "on-b", "off-b1", "off-b2")}
+    return {"name": "cal", "seeds": 3, "first_seed": 100, "cells": cells,
+            "outcomes": {"acc": {"key": "a", "reduce": "last"}},
+            "analysis": {"outcome": "acc", "select": {"lr,eps": {
+                "rule": "clip-binds", "outcome": "acc", "reference_cell": "w", "min_gain": 0.1,
+                "min_bind": 0.05, "bind": ["lo", "hi"],
+                "candidates": {"3,2": {"on": "on-a", "off": ["off-a"]},
+                               "6,1": {"on": "on-b", "off": ["off-b1", "off-b2"]}}}}}}
+
+
+def clip_binds_rows(acc: dict, bind: dict) -> list:
+    """acc: {cell: 3 values}; bind: {cell: (lo, hi)} the same for every seed."""
+    return [{"cell": c, "seed": 100 + i, "cpu_s": 1.0, "wall_s": 1.0, "resumed_from_step": 0,
+             "outcomes": {"acc": acc.get(c, (0.5,) * 3)[i], "lo": bind.get(c, (0, 0))[0],
+                          "hi": bind.get(c, (0, 0))[1]}}
+            for c in ("w", "on-a", "off-a", "on-b", "off-b1", "off-b2") for i in range(3)]
+
+
+def test_clip_binds_selection_rule():
+    """gain = mean(on - warm start), bind = the smallest mean clip share (lo + hi) over the
+    candidate's off-policy cells; eligible when gain >= 0.1 and bind >= 0.05; the first eligible
+    in the file's order wins, even when a later one scores higher; none eligible: no choice."""
+    acc = {"w": (0.5, 0.4, 0.6), "on-a": (0.8, 0.7, 0.9), "on-b": (0.9, 0.8, 1.0)}  # +0.3, +0.4
+    bind = {"off-a": (0.01, 0.03), "off-b1": (0.02, 0.04), "off-b2": (0.10, 0.20)}
+    s = S.select(clip_binds_spec(), clip_binds_rows(acc, bind))["lr,eps"]
+    a, b = s["candidates"]["3,2"], s["candidates"]["6,1"]
+    assert abs(a["bind"] - 0.04) < 1e-12 and abs(b["bind"] - 0.06) < 1e-12   # min over cells
+    assert abs(a["gain"] - 0.3) < 1e-12 and abs(b["score"] - 0.01) < 1e-12
+    assert s["choice"] == (6.0, 1.0) and s["inside_range"] and s["complete"]
+    bind["off-a"] = (0.05, 0.30)                         # a is eligible and listed first: chosen
+    s = S.select(clip_binds_spec(), clip_binds_rows(acc, bind))["lr,eps"]
+    assert s["choice"] == (3.0, 2.0)
+    acc["on-a"] = acc["on-b"] = (0.55, 0.45, 0.65)       # gain 0.05 < 0.1 everywhere
+    s = S.select(clip_binds_spec(), clip_binds_rows(acc, bind))["lr,eps"]
+    assert s["choice"] is None and not s["inside_range"]
+
+
 def test_a_calibration_on_its_own_seeds_chooses_several_values(tmp_path):
     """first_seed 100: seeds 100-102 are planned (a row for seed 0 is refused), the choice of a
     "token_cost,beta" rule gives both values."""
