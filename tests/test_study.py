@@ -344,7 +344,7 @@ def test_committed_study_files_are_consistent(tmp_path):
     a run)."""
     import analysis as A
     names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
-    assert names == ["A", "B", "C", "D-calibration", "ablation", "bandit", "calibration",
+    assert names == ["A", "B", "C", "D", "D-calibration", "ablation", "bandit", "calibration",
                      "carry-calibration", "seq"]
     cals = {}
     for name in names:
