@@ -177,22 +177,71 @@ def block(r: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def markers(name: str) -> tuple[str, str]:
-    return (f"<!-- generated: python -m small_scale.readings --write ({name}) -->",
-            f"<!-- end generated ({name} readings) -->")
+# The power of a study stated before its first run, from the paired standard deviations of the
+# analogous contrasts of a study already run: {study: (the analogue study, its exclusion-kept
+# seed count expected, [(what, a, b, outcome)])}.
+POWER = {
+    "D": ("C", 21, [
+        ("two methods with a KL term, 16 updates", "urkl-u16", "grpo-u16", "heldout"),
+        ("a method that collapses against one that does not, 16 updates", "urkl-u16",
+         "dapo-u16", "heldout"),
+        ("16 updates against 1, the same method", "urkl-u16", "urkl-u1", "heldout"),
+        ("coupled against decoupled, a stale sampler", "urkl-lag4-coupled", "urkl-lag4-tis",
+         "heldout"),
+        ("iterative against frozen reference: the drop", "urkl-iter-b3.0x-u4",
+         "urkl-frozen-b3.0x-u4", "drop"),
+    ]),
+}
+
+
+def power(name: str, results=S.RESULTS, studies=S.STUDIES) -> str:
+    """The minimum detectable effects of study ``name``'s families (Holm's first step, alpha / m;
+    power 0.8; analysis.mde) at the paired standard deviations of its analogues (POWER)."""
+    from analysis import mde
+    spec = S.load_study(name, studies)
+    analogue, n, pairs = POWER[name]
+    aspec = S.load_study(analogue, studies)
+    rows = kept_rows(aspec, S.read_rows(S.results_path(analogue, results), aspec))
+    alpha = spec["analysis"]["alpha"]
+    m = {f: len(spec["analysis"].get(f, [])) for f in ("primary", "secondary")}
+    L = [f"Power of study {name}, stated before its first run: the paired standard deviation of "
+         f"each analogous contrast of study {analogue} (its rows), and the difference a paired t "
+         f"test on {n} seeds detects with power 0.8 at Holm's first step (alpha / m; primary m = "
+         f"{m['primary']}, secondary m = {m['secondary']}):", "",
+         f"| analogue in {analogue} | paired sd | MDE, primary | MDE, secondary |",
+         "|---|---|---|---|"]
+    for what, a, b, outcome in pairs:
+        f = drop if outcome == "drop" else (lambda o, k=outcome: o[k])
+        x, y = by_seed(rows, a, f), by_seed(rows, b, f)
+        d = np.array([x[s] - y[s] for s in sorted(set(x) & set(y))])
+        sd = float(d.std(ddof=1))
+        L.append(f"| {what} ({a} - {b}, {outcome}) | {sd:.3f} | "
+                 f"{mde(sd, n, alpha / m['primary']):.3f} | "
+                 f"{mde(sd, n, alpha / m['secondary']):.3f} |")
+    return "\n".join(L) + "\n"
+
+
+def markers(name: str, what: str = "readings") -> tuple[str, str]:
+    return (f"<!-- generated: python -m small_scale.readings --write ({name} {what}) -->",
+            f"<!-- end generated ({name} {what}) -->")
+
+
+def blocks(results=S.RESULTS, studies=S.STUDIES) -> list[tuple[str, str, str]]:
+    """(begin marker, end marker, body) of every block this module writes."""
+    out = [(*markers(n), block(read(n, results, studies))) for n in READINGS]
+    return out + [(*markers(n, "power"), power(n, results, studies)) for n in POWER]
 
 
 def write(check: bool, results=S.RESULTS, studies=S.STUDIES, md: Path = RESULTS_MD) -> int:
     text = md.read_text()
     new = text
-    for name in READINGS:
-        b, e = markers(name)
+    for b, e, body in blocks(results, studies):
         if b not in new or e not in new:
-            print(f"readings: {md.name} has no markers for study {name}: add\n{b}\n{e}",
-                  file=sys.stderr)
+            print(f"readings: {md.name} has no markers {b} ... {e}: add them where the block "
+                  f"belongs", file=sys.stderr)
             return 2
         i, j = new.index(b) + len(b), new.index(e)
-        new = new[:i] + "\n" + block(read(name, results, studies)) + new[j:]
+        new = new[:i] + "\n" + body + new[j:]
     if check:
         if new != text:
             print(f"readings: {md} is stale: run python -m small_scale.readings --write",
