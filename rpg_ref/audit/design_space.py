@@ -240,8 +240,21 @@ def library_table(v: dict[tuple[str, Setting], str]) -> list[str]:
     return lines
 
 
+def summary(v: dict[tuple[str, Setting], str]) -> list[str]:
+    """The cells that follow some objective in every setting, read off the verdicts."""
+    every = [c.name for c in CELLS if not any(v[(c.name, s)].startswith("none") for s in COLUMNS)]
+    off = Setting(False, False)
+    return ["## In short\n",
+            f"Of the {len(CELLS)} cells, {len(every)} follow an objective in all four settings: "
+            + "; ".join(f"**{n}** (off-policy with a fixed reference: {v[(n, off)]})"
+                        for n in every) + ". Every other cell follows no objective in at least "
+            "one of the settings (its row says which).",
+            ""]
+
+
 def render(v: dict[tuple[str, Setting], str]) -> str:
-    parts = [HEAD, "## Every cell\n", *cell_table(v), "", LIBRARY_HEAD, *library_table(v), ""]
+    parts = [HEAD, *summary(v), "## Every cell\n", *cell_table(v), "", LIBRARY_HEAD,
+             *library_table(v), ""]
     return "\n".join(parts)
 
 
