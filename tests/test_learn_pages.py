@@ -72,14 +72,19 @@ def test_relative_links_resolve(page):
         assert (page.parent / target).exists(), (page.name, target)
 
 
+CHECK = re.compile(r"```python\n(.*?)```\n(?:\nIt prints:\n\n```text\n(.*?)```)?", re.S)
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
-def test_python_checks_run(chapter):
-    blocks = re.findall(r"```python\n(.*?)```", chapter.read_text(encoding="utf-8"), re.S)
+def test_python_checks_run_and_print_what_the_page_says(chapter):
     cwd = os.getcwd()
     os.chdir(ROOT)                                    # the checks run from the repository root
     try:
-        for code in blocks:
-            with contextlib.redirect_stdout(io.StringIO()):
+        for code, printed in CHECK.findall(chapter.read_text(encoding="utf-8")):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
                 exec(compile(code, chapter.name, "exec"), {"__name__": "__check__"})
+            if printed:
+                assert out.getvalue() == printed
     finally:
         os.chdir(cwd)

@@ -218,6 +218,9 @@ library's loss runs in the audit here, and `tests/test_design_space.py` checks t
 cell's verdicts (in every setting for a KL term in the loss; on-policy for a KL in the reward,
 whose PPO clip changes the off-policy gradient where it binds). "docs/audit.md": the library's own
 code, pinned, is audited there (CI's separate environment), with the same verdicts on-policy.
+Settings that are no cell of this grid are audited in [audit.md](audit.md): TRL's
+`importance_sampling_level="sequence"` (a sequence weight on per-token k3), NeMo-RL's factor
+exp(log π − sg(log π)), verl's `k1+`, `k3+` and `abs`, SkyRL 0.3.1 (a KL loss without gradient).
 """
 
 
