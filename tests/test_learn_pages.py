@@ -88,3 +88,23 @@ def test_python_checks_run_and_print_what_the_page_says(chapter):
                 assert out.getvalue() == printed
     finally:
         os.chdir(cwd)
+
+
+NUMBERS = ROOT / "derivations" / "paper_numbers.txt"
+CITED = re.compile(r"\b(Proposition|Prop\.|Remark|Table|Algorithm|Figure|Section|Appendix)s?\s+"
+                   r"([A-K](?:\.\d+)?|\d+(?:\.\d+)?)\b|\bEq\.\s+\(([A-K]?\.?\d+(?:\.\d+)?)\)")
+
+
+def test_every_paper_number_cited_is_one_the_paper_prints():
+    printed = {line.split("\t")[1] for line in NUMBERS.read_text(encoding="utf-8").splitlines()
+               if line and not line.startswith("#")}
+    seen, wrong = 0, []
+    for page in PAGES:
+        for kind, number, eq in CITED.findall(page.read_text(encoding="utf-8")):
+            kind = "Proposition" if kind == "Prop." else kind
+            cited = f"Eq. ({eq})" if eq else f"{kind} {number}"
+            seen += 1
+            if cited not in printed:
+                wrong.append(f"{page.name}: {cited}")
+    assert not wrong, wrong
+    assert seen >= 40
