@@ -87,6 +87,13 @@ def test_3_2_k1_as_a_loss_has_no_expected_gradient_on_policy():
     assert solutions("ch3_where_the_kl_sits").k1_loss_gradient_on_policy() < 1e-12
 
 
+def test_3_3_k2_as_a_loss_is_k1_in_the_reward_without_return_to_go():
+    ch3 = solutions("ch3_where_the_kl_sits")
+    k2_loss, k1_per_token, k1_return_to_go = ch3.k2_loss_vs_k1_reward()
+    assert close(k2_loss, k1_per_token) and float(k2_loss.norm()) > 0.01
+    assert float((k1_return_to_go - k2_loss).norm()) > 1e-3     # another vector at two tokens
+
+
 # --- chapter 4 ---
 
 def test_4_1_reinforce_style_and_fully_differentiable_have_one_gradient_per_sample():
