@@ -162,13 +162,13 @@ def test_7_1_paired_intervals_from_the_rows():
     mean, lo, hi, n = ch7.paired_difference("urkl-u1", "warm-start")
     assert n == 21 and (round(mean, 3), round(lo, 3), round(hi, 3)) == (0.320, 0.291, 0.349)
     mean, lo, hi, n = ch7.paired_difference("urkl-u16", "warm-start")
-    assert mean < 0 and n == 21                       # 16 updates end below the warm start
+    assert n == 21 and (round(mean, 3), round(lo, 3), round(hi, 3)) == (-0.043, -0.106, 0.020)
 
 
 def test_7_2_the_clip_binds_on_few_tokens_at_4_updates_and_with_a_stale_sampler():
     share = solutions("ch7_experiments").clip_share
-    assert share("urkl-u4") < 0.01 and share("urkl-lag4-coupled") < 0.01
-    assert share("urkl-u16") > 0.01
+    percent = {c: round(100 * share(c), 2) for c in ("urkl-u4", "urkl-lag4-coupled", "urkl-u16")}
+    assert percent == {"urkl-u4": 0.36, "urkl-lag4-coupled": 0.65, "urkl-u16": 2.03}
 
 
 # --- chapter 8 ---
