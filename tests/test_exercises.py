@@ -34,17 +34,29 @@ def close(a, b, tol=TOL):
 
 # --- chapter 1 ---
 
+def softmax_reward_gradient(theta, R):
+    """d/dtheta sum_x softmax(theta)_x R_x in closed form: pi_k (R_k - E_pi[R])."""
+    pi = torch.softmax(theta, 0)
+    return pi * (R - (pi * R).sum())
+
+
 def test_1_1_score_function_gradient_is_the_gradient_of_the_expected_reward():
+    theta, R = t(0.3, -1.0, 0.5, 0.0), t(1.0, 0.0, 2.0, -1.0)
     g_score, g_true = solutions("ch1_policy_gradients").reinforce_estimator_is_the_gradient(
-        t(0.3, -1.0, 0.5, 0.0), t(1.0, 0.0, 2.0, -1.0))
-    assert close(g_score, g_true)
+        theta, R)
+    assert close(g_score, softmax_reward_gradient(theta, R))
+    assert close(g_true, softmax_reward_gradient(theta, R))
 
 
 def test_1_2_off_policy_the_importance_weight_is_what_makes_it_exact():
+    theta, theta_old, R = t(0.3, -1.0, 0.5, 0.0), t(-0.5, 0.4, 0.0, 0.2), t(1.0, 0.0, 2.0, -1.0)
     weighted, unweighted, g_true = solutions("ch1_policy_gradients").importance_weight_needed(
-        t(0.3, -1.0, 0.5, 0.0), t(-0.5, 0.4, 0.0, 0.2), t(1.0, 0.0, 2.0, -1.0))
-    assert close(weighted, g_true)
-    assert float((unweighted - g_true).norm()) > 0.05
+        theta, theta_old, R)
+    target = softmax_reward_gradient(theta, R)
+    assert close(g_true, target) and close(weighted, target)
+    pi, pi_old = torch.softmax(theta, 0), torch.softmax(theta_old, 0)
+    assert close(unweighted, pi_old * R - pi * (pi_old * R).sum())  # E_old[R (e_x - pi)]
+    assert float((unweighted - target).norm()) > 0.05
 
 
 # --- chapter 2 ---
@@ -101,14 +113,22 @@ def test_4_1_reinforce_style_and_fully_differentiable_have_one_gradient_per_samp
     logp = -torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.1
     old = logp + 0.3 * torch.randn(3, 5, generator=g, dtype=torch.float64)
     adv = torch.randn(3, generator=g, dtype=torch.float64)
+    beta, w, log_w = 0.3, (logp - old).exp(), logp - old
+    c_kl = {"fkl": beta * torch.ones_like(w), "rkl": -beta * w * (log_w + 1),   # Table 2, Prop. F.*
+            "ufkl": -beta * (w - 1), "urkl": -beta * w * log_w}
     for kl in ("fkl", "rkl", "ufkl", "urkl"):
-        a, b = solutions("ch4_rpg_losses").per_sample_gradients(logp, old, adv, 0.3, kl)
-        assert close(a, b), kl
+        a, b = solutions("ch4_rpg_losses").per_sample_gradients(logp, old, adv, beta, kl)
+        by_hand = -(w * adv[:, None] + c_kl[kl]) / w.numel()      # token-mean of -(w A + C_KL)
+        assert close(a, by_hand) and close(b, by_hand), kl
 
 
 def test_4_2_with_ref_logp_the_loss_follows_the_kl_to_pi_ref():
-    with_ref, without, target_ref, target_old = solutions("ch4_rpg_losses").ref_is_not_old(
-        t(0.4, -0.2, 0.1), t(0.0, 0.3, -0.3), t(1.0, -0.5, 0.0), t(1.0, 0.0, 0.5), 0.3)
+    theta, theta_old, theta_ref, R = t(0.4, -0.2, 0.1), t(0.0, 0.3, -0.3), t(1.0, -0.5, 0.0), \
+        t(1.0, 0.0, 0.5)
+    with_ref, without, _, _ = solutions("ch4_rpg_losses").ref_is_not_old(
+        theta, theta_old, theta_ref, R, 0.3)
+    target_ref = -objective_grad("urkl", theta, R, 0.3, torch.log_softmax(theta_ref, 0))
+    target_old = -objective_grad("urkl", theta, R, 0.3, torch.log_softmax(theta_old, 0))
     assert close(with_ref, target_ref) and close(without, target_old)
     assert float((with_ref - without).norm()) > 0.01
 
@@ -140,7 +160,8 @@ TH, TH_OLD, TH_MU, RW = t(0.3, -0.2, 0.1), t(0.0, 0.2, -0.1), t(-0.8, 0.9, 0.4),
 def test_6_1_tis_is_exact_until_its_cap_binds():
     ch6 = solutions("ch6_off_policy")
     r_max = float((torch.log_softmax(TH_OLD, 0) - torch.log_softmax(TH_MU, 0)).exp().max())
-    unc, tis, capped, target = ch6.tis_and_its_cap(TH, TH_OLD, TH_MU, RW, 0.3, cap=1.2)
+    unc, tis, capped, _ = ch6.tis_and_its_cap(TH, TH_OLD, TH_MU, RW, 0.3, cap=1.2)
+    target = -objective_grad("urkl", TH, RW, 0.3, torch.log_softmax(TH_OLD, 0))
     assert r_max > 1.2
     assert close(tis, target)
     assert float((unc - target).norm()) > 0.01 and float((capped - target).norm()) > 1e-3
