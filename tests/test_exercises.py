@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from rpg_ref.audit.core import SETTINGS, candidate_grads, make_problem
+from rpg_ref.audit.design_space import Cell
 from rpg_ref.core.exact import objective_grad
 from rpg_ref.tasks.bandit import kl_regularized_optimum
 
@@ -104,6 +106,13 @@ def test_3_3_k2_as_a_loss_is_k1_in_the_reward_without_return_to_go():
     k2_loss, k1_per_token, k1_return_to_go = ch3.k2_loss_vs_k1_reward()
     assert close(k2_loss, k1_per_token) and float(k2_loss.norm()) > 0.01
     assert float((k1_return_to_go - k2_loss).norm()) > 1e-3     # another vector at two tokens
+    # the targets from the KL's definition: beta grad sum_t KL(pi || ref) per position, and
+    # beta grad KL(pi || ref) of whole responses (the audit's candidates, not the losses)
+    on_policy_fixed_ref = next(s for s in SETTINGS if s.on_policy and not s.ref_is_old)
+    cands = candidate_grads(make_problem(on_policy_fixed_ref, 2, 0))
+    beta = Cell("k2", "loss", False, "token").adapter().beta
+    assert close(k2_loss.reshape(-1), beta * cands["tok-rkl"])
+    assert close(k1_return_to_go.reshape(-1), beta * cands["seq-rkl"])
 
 
 # --- chapter 4 ---
