@@ -244,8 +244,9 @@ def library_table(v: dict[tuple[str, Setting], str]) -> list[str]:
 
 
 def summary(v: dict[tuple[str, Setting], str]) -> list[str]:
-    """The cells that follow some objective in every setting, read off the verdicts."""
-    every = [c.name for c in CELLS if not any(v[(c.name, s)].startswith("none") for s in COLUMNS)]
+    """The cells that follow some objective in every setting and at every horizon, read off the
+    verdicts ("none" may be one horizon's: "H = 1: ...; H ≥ 2: none")."""
+    every = [c.name for c in CELLS if not any("none" in v[(c.name, s)] for s in COLUMNS)]
     off = Setting(False, False)
     return ["## In short\n",
             f"Of the {len(CELLS)} cells, {len(every)} follow an objective in all four settings: "
