@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 stats = pytest.importorskip("scipy.stats", reason="needs the study extra (scipy)")
+from scipy import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "small_scale" / "results"
@@ -71,10 +72,23 @@ def mean(study, a, b, outcome="heldout", then=None) -> float:
     return float(paired(study, a, b, outcome, then).mean())
 
 
-def ci_high(study, a, b, outcome="heldout") -> float:
-    """The upper end of the paired 95 % t interval: "no difference larger than" it."""
+def bound(study, a, b, outcome="heldout") -> float:
+    """The larger |end| of the paired 95 % t interval: "no difference larger than" it."""
     d = paired(study, a, b, outcome)
-    return float(d.mean() + stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(max(abs(d.mean() - half), abs(d.mean() + half)))
+
+
+def sd_of_pairs(study, a, b, outcome="heldout") -> float:
+    return float(paired(study, a, b, outcome).std(ddof=1))
+
+
+def standardized_mde(n: int, alpha: float, power: float = 0.8) -> float:
+    """The difference, in standard deviations of the paired differences, that a two-sided paired
+    t test on n seeds at level alpha detects with the given power (noncentral t)."""
+    tc = stats.t.ppf(1 - alpha / 2, n - 1)
+    reach = lambda nc: stats.nct.sf(tc, n - 1, nc) + stats.nct.sf(tc, n - 1, -nc) - power
+    return float(optimize.brentq(reach, 0.0, 50.0) / np.sqrt(n))
 
 
 def cell_mean(study, cell, outcome="heldout") -> float:
@@ -125,11 +139,11 @@ QUOTES = [
     (RMD, "ends {:.3f} above URKL + clip and loses", lambda: mean(C, "grpo-u16", "urkl-u16")),
     (RMD, "and loses\n  {:.3f} less:", lambda: -mean(
         C, "urkl-u16", "grpo-u16", then=("urkl-u1", "grpo-u1"))),
-    (RMD, "no difference larger than {:.3f} (DAPO)", lambda: ci_high(C, "urkl-u4", "dapo-u4")),
-    (RMD, "/ {:.3f} (GRPO).", lambda: ci_high(C, "urkl-u4", "grpo-u4")),
+    (RMD, "no difference larger than {:.3f} (DAPO)", lambda: bound(C, "urkl-u4", "dapo-u4")),
+    (RMD, "/ {:.3f} (GRPO).", lambda: bound(C, "urkl-u4", "grpo-u4")),
     (RMD, "TIS helps URKL + clip ({:+.3f})", lambda: mean(C, "urkl-lag4-tis", "urkl-lag4")),
-    (RMD, "end within {:.3f} (URKL)", lambda: ci_high(C, "urkl-lag4-coupled", "urkl-lag4-tis")),
-    (RMD, "/ {:.3f}\n  (DAPO)", lambda: ci_high(C, "dapo-lag4-coupled", "dapo-lag4-tis")),
+    (RMD, "end within {:.3f} (URKL)", lambda: bound(C, "urkl-lag4-coupled", "urkl-lag4-tis")),
+    (RMD, "/ {:.3f}\n  (DAPO)", lambda: bound(C, "dapo-lag4-coupled", "dapo-lag4-tis")),
     (RMD, "coupled, DAPO ends {:.3f} above URKL + clip", lambda: mean(
         C, "dapo-lag4-coupled", "urkl-lag4-coupled")),
     (RMD, "URKL ends {:.3f} above UFKL", lambda: mean(C, "urkl-u4", "ufkl-u4")),
@@ -141,8 +155,21 @@ QUOTES = [
         C, "urkl-iter-b3.0x-u4", "urkl-frozen-b3.0x-u4")),
     (RMD, "minimum over the run is {:.3f} higher", lambda: mean(
         C, "urkl-iter-b3.0x-u4", "urkl-frozen-b3.0x-u4", "heldout_min")),
-    (RMD, "references end within {:.3f}", lambda: ci_high(
+    (RMD, "references end within {:.3f}", lambda: bound(
         C, "urkl-frozen-b0.3x-u4", "urkl-iter-b0.3x-u4")),
+    # docs/carry_task.md, the power of study C stated before its runs
+    ("docs/carry_task.md", "beta 0.1 vs 0 at cost 0.02: {:.3f}", lambda: sd_of_pairs(
+        "carry-calibration", "c0.02-b0.1", "c0.02-b0.0")),
+    ("docs/carry_task.md", "beta 0.3 vs 0.1: {:.3f}", lambda: sd_of_pairs(
+        "carry-calibration", "c0.02-b0.3", "c0.02-b0.1")),
+    ("docs/carry_task.md", "cost 0.03 vs 0.02 at\nbeta 0.1: {:.3f}", lambda: sd_of_pairs(
+        "carry-calibration", "c0.03-b0.1", "c0.02-b0.1")),
+    ("docs/carry_task.md", "and {:.2f} between RL and its warm start", lambda: sd_of_pairs(
+        "carry-calibration", "c0.02-b0.1", "warm-start")),
+    ("docs/carry_task.md", "a standardized difference of {:.2f} (alpha 0.05)", lambda:
+     standardized_mde(20, 0.05)),
+    ("docs/carry_task.md", "{:.2f} (alpha 0.05 / 6,", lambda: standardized_mde(20, 0.05 / 6)),
+    ("docs/carry_task.md", "and {:.2f} (alpha 0.05 / 21,", lambda: standardized_mde(20, 0.05 / 21)),
     # README, the study paragraph
     ("README.md", "What {} paired seeds per\ncell say", lambda: seeds_per_cell("A")),
     ("README.md", "{} paired seeds per cell: there the KL", lambda: seeds_per_cell(C)),
