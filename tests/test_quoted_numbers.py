@@ -170,6 +170,9 @@ QUOTES = [
      standardized_mde(20, 0.05)),
     ("docs/carry_task.md", "{:.2f} (alpha 0.05 / 6,", lambda: standardized_mde(20, 0.05 / 6)),
     ("docs/carry_task.md", "and {:.2f} (alpha 0.05 / 21,", lambda: standardized_mde(20, 0.05 / 21)),
+    # notebook 7 quotes study C
+    ("notebooks/07_off_policy_on_the_bandit.py", "decoupled loss ({:+.2f} held-out)", lambda: mean(
+        C, "urkl-lag4-tis", "urkl-lag4")),
     # README, the study paragraph
     ("README.md", "What {} paired seeds per\ncell say", lambda: seeds_per_cell("A")),
     ("README.md", "{} paired seeds per cell: there the KL", lambda: seeds_per_cell(C)),
