@@ -20,15 +20,18 @@
 # *unnormalized* KL for measures of any mass, and how $k_1$, $k_2$, $k_3$ compare in bias and
 # spread (a figure the paper does not have).
 #
-# **Paper labels.** `eq:k3_func_estimators_main`, `remark:k3_connection_main`,
-# `app:k3_ukl_connection`.
+# **Paper labels.** Eq. (3.2) (`eq:k3_func_estimators_main`), Remark 3.5
+# (`remark:k3_connection_main`),
+# Appendix D (`app:k3_ukl_connection`).
+# Paper: [arXiv:2505.17508](https://arxiv.org/abs/2505.17508).
 #
 # Schulman's three per-sample KL estimators take $x \sim q$ and $r = p(x)/q(x)$:
 #
 # $$k_1 = -\log r, \qquad k_2 = \tfrac12 (\log r)^2, \qquad k_3 = r - 1 - \log r .$$
 #
-# GRPO's KL penalty is $k_3$ (`eq:k3_func_estimators_main`). The paper's
-# `remark:k3_connection_main` (proved in `app:k3_ukl_connection`) reads it as an *unnormalized* KL:
+# GRPO's KL penalty is $k_3$ (Eq. (3.2) (`eq:k3_func_estimators_main`)). The paper's
+# Remark 3.5 (`remark:k3_connection_main`) (proved in Appendix D (`app:k3_ukl_connection`)) reads
+# it as an *unnormalized* KL:
 # for positive measures $p, q$ of **any** total mass,
 #
 # $$\mathbb{E}_{x\sim q}\big[k_3(p(x)/q(x))\big]
@@ -108,8 +111,9 @@ kl_estimators.plot_kl_estimators(kl_estimators.kl_estimators_data())
 # %% [markdown]
 # ## The same claim in `derivations`
 #
-# `derivations` checks `remark:k3_connection_main` for categoricals (both measures unnormalized)
-# and `app:k3_ukl_connection` for scaled Gaussians $a\,\mathcal N(\mu_1,\sigma_1^2)$,
+# `derivations` checks Remark 3.5 (`remark:k3_connection_main`) for categoricals (both measures
+# unnormalized)
+# and Appendix D (`app:k3_ukl_connection`) for scaled Gaussians $a\,\mathcal N(\mu_1,\sigma_1^2)$,
 # $b\,\mathcal N(\mu_2,\sigma_2^2)$, whose UKL has the closed form
 # $a[\log\frac ab + \log\frac{\sigma_2}{\sigma_1}
 # + \frac{\sigma_1^2 + (\mu_1-\mu_2)^2}{2\sigma_2^2} - \frac12] + b - a$:
@@ -134,3 +138,15 @@ assert all(r["passed"] for r in rows)
 # for the Gaussian at large KL does $k_3$'s exponential make it the noisiest). Reading $k_3$ as UKL
 # is what lets the paper treat GRPO's penalty as a UKL regularizer (notebook 2) and build the UFKL
 # and URKL losses (notebook 3).
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions: `notebooks/solutions.py` (run by `tests/test_notebook_solutions.py`).
+#
+# 1. *Derive, then run.* For measures $q$, $p$ of masses 0.7 and 1.9, predict by how much
+#    $\mathbb{E}_{x\sim q}[k_3(p/q)]$ differs from the plain sum $\sum_x q\log(q/p)$; check it.
+#    (`ex01_1_k3_mean_is_ukl_for_any_mass`)
+# 2. *Predict, then run.* For $p$ close to $q$ (logits 0.1 apart), $k_1$ and $k_3$ have the same
+#    mean, the KL. Which has the smaller variance, and by roughly what power of the distance?
+#    (`ex01_2_k1_is_noisier_near_ref`)

@@ -22,9 +22,12 @@
 # the paper's importance-weighted correction does, exactly. A figure the paper lacks shows how fast
 # the error grows with the distance from $\theta_{old}$.
 #
-# **Paper labels.** `subsec:grpo_main`, `eq:k3_func_estimators_main`, `remark:k3_connection_main`.
+# **Paper labels.** Section 2.2 (`subsec:grpo_main`), Eq. (3.2) (`eq:k3_func_estimators_main`),
+# Remark 3.5 (`remark:k3_connection_main`).
+# Paper: [arXiv:2505.17508](https://arxiv.org/abs/2505.17508).
 #
-# GRPO (DeepSeekMath; the paper's `subsec:grpo_main`) samples tokens from $\pi_{old}$ and adds, per
+# GRPO (DeepSeekMath; the paper's Section 2.2 (`subsec:grpo_main`)) samples tokens from $\pi_{old}$
+# and adds, per
 # token,
 #
 # $$\beta\,k_3\!\Big(\frac{\pi_{ref}(x)}{\pi_\theta(x)}\Big), \qquad k_3(y) = y - 1 - \log y ,$$
@@ -154,11 +157,25 @@ assert all(r["passed"] for r in rows)
 # %% [markdown]
 # ## What we learned
 #
-# The published GRPO term is a biased gradient of the KL penalty it is named after: exact only at
-# $\theta = \theta_{old}$ and only when $\pi_{ref} = \pi_{old}$; with a fixed reference it follows
-# the *forward* KL even on-policy. The error-growth figure above shows both regimes: in the RPG
-# setting ($\pi_{ref} = \pi_{old}$) the error starts near zero and grows with
-# $\mathrm{KL}(\pi_\theta\|\pi_{old})$, in GRPO's fixed-reference setting it is large from the first
-# step, and the corrected term $w\,k_3$ (dashed) stays at float64 round-off everywhere. The Monte
-# Carlo cell shows that a trainer sees the same: noise for the corrected term, bias for the
-# published one.
+# The published GRPO term is a biased gradient of the KL penalty it is named after. At
+# $\theta = \theta_{old}$ with $\pi_{ref} = \pi_{old}$ it agrees with $\nabla\mathrm{UKL}$ only
+# because both are zero there (every candidate divergence is at its minimum), which says nothing
+# about the step; off-policy its error grows with the distance from $\theta_{old}$; with a fixed
+# reference it follows the *forward* KL even on-policy. The error-growth figure above shows both
+# regimes: in the RPG setting ($\pi_{ref} = \pi_{old}$) the error starts near zero and grows with
+# $\mathrm{KL}(\pi_\theta\|\pi_{old})$, in GRPO's fixed-reference setting it is large from the
+# first step, and the corrected term $w\,k_3$ (dashed) stays at float64 round-off everywhere.
+# The Monte Carlo cell shows that a trainer sees the same: noise for the corrected term, bias for
+# the published one.
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions: `notebooks/solutions.py` (run by `tests/test_notebook_solutions.py`).
+#
+# 1. *Derive, then run.* At $\theta = \theta_{old}$ with $\pi_{ref} = \pi_{old}$, show that the
+#    expected gradients of the published and of the corrected term are both 0 (so their agreement
+#    there says nothing); check it. (`ex02_1_both_gradients_vanish_on_policy_iterative`)
+# 2. *Run.* Make GRPO's $k_3$ reach the reverse-KL optimum on the bandit: the importance weight
+#    (`--algo grpo-corrected`), group-mean advantages, a frozen reference; measure the total
+#    variation to both optima. (`ex02_2_grpo_corrected_reaches_the_reverse_kl_optimum`)

@@ -22,12 +22,18 @@
 # normalized and unnormalized variants, equal in mean, differ in gradient variance (a figure the
 # paper lacks).
 #
-# **Paper labels.** `sec:offpolicy_policy_gradients`, `tab:off-policy-loss-normalized`,
-# `tab:off-policy-loss`, `tab:off-policy-loss-reinforce`, `prop:policy_gradient_forward_kl`,
-# `prop:policy_gradient_reverse_kl`, `prop:policy_gradient_unormalized_forward_kl`,
-# `prop:policy_gradient_unormalized_reverse_kl`, `prop:equiv_rf_fd`, `app:normalized_kl`.
+# **Paper labels.** Section 3 (`sec:offpolicy_policy_gradients`), Table 4
+# (`tab:off-policy-loss-normalized`),
+# Table 1 (`tab:off-policy-loss`), Table 2 (`tab:off-policy-loss-reinforce`), Proposition E.1
+# (`prop:policy_gradient_forward_kl`),
+# Proposition E.3 (`prop:policy_gradient_reverse_kl`), Proposition 3.2
+# (`prop:policy_gradient_unormalized_forward_kl`),
+# Proposition 3.6 (`prop:policy_gradient_unormalized_reverse_kl`), Proposition 4.1
+# (`prop:equiv_rf_fd`), Appendix E (`app:normalized_kl`).
+# Paper: [arXiv:2505.17508](https://arxiv.org/abs/2505.17508).
 #
-# The paper's objective (`sec:offpolicy_policy_gradients`), with samples from a behaviour policy
+# The paper's objective (Section 3 (`sec:offpolicy_policy_gradients`)), with samples from a
+# behaviour policy
 # $\pi_{old}$ and $w = \pi_\theta/\pi_{old}$:
 #
 # $$J(\theta) = \mathbb{E}_{\pi_\theta}[R] - \beta\, D(\pi_\theta, \pi_{old}),$$
@@ -35,11 +41,12 @@
 # \ \mathrm{UKL}(\pi_{old}\|\pi_\theta),\ \mathrm{UKL}(\pi_\theta\|\pi_{old})\}$$
 #
 # (FKL, RKL, UFKL, URKL). For each it gives a **fully differentiable** surrogate
-# (`tab:off-policy-loss-normalized`, `tab:off-policy-loss`), e.g. RKL:
+# (Table 4 (`tab:off-policy-loss-normalized`), Table 1 (`tab:off-policy-loss`)), e.g. RKL:
 # $\mathcal L = \mathbb{E}_{old}[w(-R + \beta\log w)]$, and a **REINFORCE-style** one with a
-# stop-gradient weight (`tab:off-policy-loss-reinforce`), e.g. URKL:
+# stop-gradient weight (Table 2 (`tab:off-policy-loss-reinforce`)), e.g. URKL:
 # $\mathcal L = -\mathbb{E}_{old}[\mathrm{SG}(w(R - \beta\log w))\log\pi_\theta]$.
-# The claim (the four `prop:policy_gradient_*` and `prop:equiv_rf_fd`): all eight have
+# The claim (the four `prop:policy_gradient_*` and Proposition 4.1 (`prop:equiv_rf_fd`)): all eight
+# have
 # $\nabla\mathcal L = -\nabla J$.
 #
 # `rpg_ref.core.losses` implements the eight (`rpg-{fkl,rkl,ufkl,urkl}`, `rpg-reinforce-{...}`);
@@ -105,7 +112,7 @@ for div in DIVERGENCES:
     print(f"{div:5s} max per-sample |grad rpg - grad rpg-reinforce| = {gap:.1e}")
 
 # %% [markdown]
-# ## Same mean, different variance (`app:normalized_kl`; a figure the paper lacks)
+# ## Same mean, different variance (Appendix E (`app:normalized_kl`); a figure the paper lacks)
 #
 # For a normalized $\pi_\theta$, FKL and UFKL (RKL and URKL) differ by constants, so their expected
 # gradients agree; per sample they differ by $\beta\,w\,\nabla\log\pi_\theta$, which has mean zero
@@ -160,3 +167,15 @@ assert all(r["passed"] for r in rows)
 # FKL vs UFKL (left panel) but not here for RKL vs URKL (right). The two differ by the term
 # $\beta\,w\,\nabla\log\pi_\theta$, so at the paper's $\beta = 10^{-4}$ the difference is
 # negligible.
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions: `notebooks/solutions.py` (run by `tests/test_notebook_solutions.py`).
+#
+# 1. *Run.* Off-policy ($\theta \neq \theta_{old}$), compare the exact expected gradients of
+#    `rpg-D` and `rpg-reinforce-D` for the four divergences D (Proposition 4.1
+#    (`prop:equiv_rf_fd`)). (`ex03_1_reinforce_and_fd_have_one_expected_gradient`)
+# 2. *Predict, then run.* Do `rpg-rkl` and `rpg-urkl` (and `rpg-fkl`, `rpg-ufkl`) have the same
+#    expected gradient? Hint: what is $\nabla\sum_x \pi_\theta(x)$?
+#    (`ex03_2_rkl_and_urkl_share_a_gradient`)

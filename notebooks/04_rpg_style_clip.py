@@ -20,21 +20,23 @@
 # each segment's line style read off the autograd gradient; where the paper's figure, caption and
 # algorithms disagree; and what clipping costs: exact at $\theta_{old}$, biased beyond.
 #
-# **Paper labels.** `sec:more_on_algorithms`, `subsec:rpg_style_clip`,
-# `subsec:rpg_style_clip_reinforce`, `alg:offpolicy_rpg_ppo_dualclip`,
-# `alg:offpolicy_rpg_rf_ppo_dualclip_v1`, `fig:ppo_dualclip_loss_vis`,
-# `fig:offpolicy_rpg_rf_ppo_dualclip_v1`.
+# **Paper labels.** Appendix G (`sec:more_on_algorithms`), Section 3.3 (`subsec:rpg_style_clip`),
+# Section 4.1 (`subsec:rpg_style_clip_reinforce`), Algorithm 1 (`alg:offpolicy_rpg_ppo_dualclip`),
+# Algorithm 2 (`alg:offpolicy_rpg_rf_ppo_dualclip_v1`), Figure 2 (`fig:ppo_dualclip_loss_vis`),
+# Figure 3 (`fig:offpolicy_rpg_rf_ppo_dualclip_v1`).
+# Paper: [arXiv:2505.17508](https://arxiv.org/abs/2505.17508).
 #
-# Two clipped families (`sec:more_on_algorithms`):
+# Two clipped families (Appendix G (`sec:more_on_algorithms`)):
 #
-# * **Algorithm `alg:offpolicy_rpg_ppo_dualclip`** (fully differentiable): a regularized advantage
+# * **Algorithm 1 (`alg:offpolicy_rpg_ppo_dualclip`)** (fully differentiable): a regularized
+#   advantage
 #   $\hat A$ inside the dual clip,
 #   $\max(-w\hat A, -\mathrm{clip}(w, 1-\epsilon_1, 1+\epsilon_2)\hat A)$ for $\hat A\ge 0$ and
-#   additionally $\min(\cdot, -c\hat A)$ for $\hat A < 0$ (`fig:ppo_dualclip_loss_vis`).
-# * **Algorithm `alg:offpolicy_rpg_rf_ppo_dualclip_v1`** (RPG-Style Clip, REINFORCE-style): with
+#   additionally $\min(\cdot, -c\hat A)$ for $\hat A < 0$ (Figure 2 (`fig:ppo_dualclip_loss_vis`)).
+# * **Algorithm 2 (`alg:offpolicy_rpg_rf_ppo_dualclip_v1`)** (RPG-Style Clip, REINFORCE-style): with
 #   $\ell = -\log\pi_\theta$, $A' = A_R + C_{KL}/w$ and $\psi = A'\ell$, the loss is
 #   $(A_R w + C_{KL})\,\ell$ with $w$ under a stop-gradient; on the clipped segments $\ell$ is
-#   detached too, so the gradient is exactly 0 (`fig:offpolicy_rpg_rf_ppo_dualclip_v1`).
+#   detached too, so the gradient is exactly 0 (Figure 3 (`fig:offpolicy_rpg_rf_ppo_dualclip_v1`)).
 #
 # `paper_figs.clip_shapes` evaluates `rpg_ref`'s losses on a grid of $w$ (one sample per grid
 # point, $\ell = 1$) and differentiates them with autograd. The line style is **read off the
@@ -66,7 +68,9 @@ clip_shapes.plot_dualclip_loss(d)
 # The flat segments found from the gradient are exactly the algorithm's: $w > 1+\epsilon_2$ for
 # $\hat A\ge0$; $w < 1-\epsilon_1$ and $w > c$ for $\hat A<0$. (The paper's caption swaps "left" and
 # "right"; we follow the drawing and the algorithm. The paper draws $c = 2.25$; the algorithms only
-# need $c > 1$, and we use verl's default $c = 3$.)
+# need $c > 1$, and we use verl's default $c = 3$, as the `seq` and `carry` presets do; the paper
+# states no $c$ for its runs, and its released scripts use $c = 10$, as the `qwen3-4b-h100`
+# presets do.)
 #
 # **But $\hat A$ depends on $\theta$.** For Algorithm 1 with $\beta > 0$,
 # $\hat A = A - \beta\log w$ (RKL in `rpg_ref`), and the clipped value $-\mathrm{clip}(w)\hat A$
@@ -94,6 +98,15 @@ for p in d["panels"]:
 clip_shapes.plot_rpg_style_clip(d)
 
 # %% [markdown]
+# **Why the two figures slope in opposite directions for $A > 0$.** Algorithm 1's loss
+# $-w\hat A$ is differentiated through $w = \pi_\theta/\pi_{old}$, so its value falls as $w$
+# grows. Algorithm 2's loss $(A_R w + C_{KL})\,\ell$ holds $w$ under a stop-gradient and is
+# differentiated through $\ell = -\log\pi_\theta$ only: plotted against $w$ (with $\ell$ fixed
+# at 1) its value rises with $w$, but $w$ is not what the gradient moves. Without the KL part
+# ($\beta = 0$) the two gradients in $\log\pi_\theta$ are the same on the unclipped segments,
+# $-A\,w$; with it their expectations agree (Proposition 4.1 (`prop:equiv_rf_fd`), notebook 3).
+# So compare the two figures by their flat segments, read off the gradient, not by their slopes.
+#
 # In the paper's *training* setting $\pi_{ref} = \pi_{old}$, $C_{KL}$ moves with $w$ (it is constant
 # only for FKL, where it equals $+\beta$). The clipped segments then have zero gradient but a
 # sloping value: the value depends on $\theta$ only through stop-gradient quantities
@@ -174,3 +187,14 @@ assert all(r["passed"] for r in rows)
 # (the last figure). The table says the paper's several descriptions of RPG-Style Clip are different
 # updates on clipped samples, and the last printout gives the price of clipping: exact at
 # $\theta_{old}$, a bias that grows with the $\pi_{old}$-mass outside the clip range.
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions: `notebooks/solutions.py` (run by `tests/test_notebook_solutions.py`).
+#
+# 1. *Predict, then run.* For $A > 0$ and RPG-Style Clip at $(0.2, 0.28, 3)$, what is the gradient
+#    of one token's loss with respect to $\log\pi_\theta$ at $w = 1.1$, and at $w = 1.5$?
+#    (`ex04_1_no_gradient_beyond_the_clip`)
+# 2. *Predict, then run.* For $A < 0$: at $w = 2$ and at $w = 5$ (beyond $c = 3$)?
+#    (`ex04_2_dual_clip_caps_a_negative_advantage`)

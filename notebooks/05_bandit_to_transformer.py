@@ -21,11 +21,15 @@
 # objective; on a tiny transformer the same loop and losses learn digit addition; and the committed
 # small-scale runs of every algorithm drawn in the shape of the paper's main figure and table.
 #
-# **Paper labels.** `sec:experiments`, `alg:offpolicy_rpg_rf_ppo_dualclip_v1` (its outer loop),
-# `subsec:kl_regularization_main`, `fig:main_8k`, `tab:main_table_4k`.
+# **Paper labels.** Section 5 (`sec:experiments`), Algorithm 2
+# (`alg:offpolicy_rpg_rf_ppo_dualclip_v1`) (its outer loop),
+# Section 2.1 (`subsec:kl_regularization_main`), Figure 4 (`fig:main_8k`), Table 5
+# (`tab:main_table_4k`).
+# Paper: [arXiv:2505.17508](https://arxiv.org/abs/2505.17508).
 #
-# `rpg_ref.trainer.train` (`rpg-train`) runs the paper's loop (`sec:experiments`, the outer loop of
-# Algorithm `alg:offpolicy_rpg_rf_ppo_dualclip_v1`):
+# `rpg_ref.trainer.train` (`rpg-train`) runs the paper's loop (Section 5 (`sec:experiments`), the
+# outer loop of
+# Algorithm 2 (`alg:offpolicy_rpg_rf_ppo_dualclip_v1`)):
 #
 #     for step:
 #         sample a batch with pi_old (= the current policy), score it, compute advantages,
@@ -135,7 +139,8 @@ show(fig)
 #
 # `small_scale/run_experiments.py --exp seq` runs GRPO, DAPO, REINFORCE++ and the eight RPG
 # variants with 3 seeds each; `paper_figs.training` draws the curves and the Last/Best table in the
-# shape of the paper's `fig:main_8k` and `tab:main_table_4k` from the logs committed in
+# shape of the paper's Figure 4 (`fig:main_8k`) and Table 5 (`tab:main_table_4k`) from the logs
+# committed in
 # `small_scale/logs/` (`small_scale/RESULTS.md` has the reading; `rpg-figs --only main_seq` writes
 # the same figure and table to files).
 
@@ -154,3 +159,14 @@ display(Markdown(training.to_markdown(training.last_best_data("seq"))))
 # paper's $\beta = 10^{-4}$, raises the sampled accuracy while the per-step KL to $\pi_{old}$ stays
 # small. The last figure and table put every algorithm side by side at this laptop scale; which of
 # the paper's rankings replicate here, and which do not, is discussed in `small_scale/RESULTS.md`.
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions: `notebooks/solutions.py` (run by `tests/test_notebook_solutions.py`).
+#
+# 1. *Derive, then compute.* From $\pi^* \propto \pi_{ref}\,e^{R/\beta}$, predict how the total
+#    variation between $\pi^*$ and $\pi_{ref}$ moves as $\beta$ grows; compute it for
+#    $\beta = 0.1, 0.5, 2, 10$. (`ex05_1_larger_beta_stays_closer_to_ref`)
+# 2. *Run.* With the iterative reference (`--ref iterative`, $\pi_{ref} = \pi_{old}$ every step),
+#    where does the bandit end? (`ex05_2_iterative_reference_ends_at_the_best_arm`)

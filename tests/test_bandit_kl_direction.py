@@ -39,3 +39,29 @@ def test_grpo_settles_at_the_forward_kl_optimum(tmp_path, algo, own, other):
         assert gap > 0.02, f"seed {seed}: the two optima are too close to tell apart ({gap})"
         assert tv(s["policy"], opt[own]) < min(0.01, 0.2 * gap), (seed, s["policy"], opt)
         assert tv(s["policy"], opt[other]) > 0.8 * gap, (seed, s["policy"], opt)
+
+
+@pytest.mark.parametrize("algo, own", [("grpo", "fkl"), ("grpo-corrected", "rkl")])
+def test_summary_names_the_optimum_grpo_reaches_with_group_mean_advantages(tmp_path, algo, own):
+    """summary.json's optimum for GRPO with a frozen reference and group-mean advantages is the
+    divergence's optimum the test above finds the run at: a policy placed there is at TV 0; with
+    std-normalized advantages (GRPO's own) no closed-form fixed point is claimed."""
+    import torch
+
+    from rpg_ref.tasks.bandit import BanditTask
+
+    def summary(adv):
+        cfg = parse_config(["--preset", "bandit", "--ref", "init", "--adv", adv, "--algo", algo,
+                            "--out", str(tmp_path / adv), "--no-progress"])
+        task = BanditTask(cfg, torch.device("cpu"))
+        policy = task.build_policy()
+        ref = torch.softmax(task.init_logits.double(), -1).numpy()
+        target = kl_regularized_optimum(ref, np.asarray(task.opt.rewards), cfg.beta, own)
+        with torch.no_grad():
+            policy.logits.copy_(torch.from_numpy(np.log(target)))
+        return task.summary(policy, cfg)
+
+    s = summary("group-mean")
+    assert s["tv_distance"] < 1e-6 and own in s["optimum_note"], s
+    s = summary("group-mean-std")
+    assert s["optimum"] is None and "no closed-form" in s["optimum_note"], s

@@ -29,6 +29,9 @@ NAMES = [
     "03_eight_surrogates_gradient_equivalence",
     "04_rpg_style_clip",
     "05_bandit_to_transformer",
+    "06_audit_your_kl_term",
+    "07_off_policy_on_the_bandit",
+    "08_reading_a_study",
 ]
 # a cell that draws a figure calls a paper_figs plot_* function or paper_figs.show
 DRAWS_FIGURE = re.compile(r"\bplot_\w+\(|\bshow\(")
@@ -61,7 +64,8 @@ def _shows_something(cell) -> bool:
 
 
 def test_every_notebook_is_a_jupytext_pair():
-    """notebooks/ holds exactly the five sources, each next to its .ipynb; no generator is left."""
+    """notebooks/ holds exactly the eight sources, each next to its .ipynb; no generator is
+    left."""
     assert [p.stem for p in build.SOURCES] == NAMES
     for name in NAMES:
         assert (NB_DIR / f"{name}.ipynb").exists(), name
@@ -119,13 +123,32 @@ def test_build_refuses_an_unknown_notebook_before_any_work(capsys):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_opens_and_closes_as_a_reader_needs(name):
-    """Each notebook starts with what it shows and the paper labels it covers, and ends with a
-    'What we learned' that points at a figure above it."""
+    """Each notebook starts with what it shows and the paper labels it covers, with the paper's
+    printed numbers before its labels and its arXiv id, and ends with a 'What we learned' that
+    points at a figure above it, then its exercises (tests/test_notebook_solutions.py runs their
+    solutions)."""
     cells = build.read_source(NB_DIR / f"{name}.py").cells
-    first, last = cells[0], cells[-1]
+    first, learned, last = cells[0], cells[-2], cells[-1]
     assert first.cell_type == "markdown" and last.cell_type == "markdown"
     assert "**What this shows.**" in first.source and "**Paper labels.**" in first.source
-    assert last.source.startswith("## What we learned") and "figure" in last.source
+    assert learned.source.startswith("## What we learned") and "figure" in learned.source
+    assert last.source.startswith("## Exercises") and "notebooks/solutions.py" in last.source
+    assert "arXiv:2505.17508" in "\n".join(c.source for c in cells if c.cell_type == "markdown")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_paper_labels_follow_the_papers_numbers(name):
+    """Every paper label a notebook's prose names in backticks comes after the number the PDF
+    prints for it ("Eq. (3.2) (`eq:k3_func_estimators_main`)"), so a reader can find it; the
+    numbers themselves are checked against the paper by tests/test_paper_numbers.py."""
+    from derivations import paper_numbers
+
+    table = paper_numbers.load()
+    prose = "\n".join(c.source for c in build.read_source(NB_DIR / f"{name}.py").cells
+                      if c.cell_type == "markdown")
+    bare = [m.group(1) for m in PAPER_LABEL.finditer(prose) if m.group(1) in table
+            and not prose[:m.start()].rstrip("(").rstrip().endswith(table[m.group(1)])]
+    assert not bare, f"{name}: labels without their printed number: {bare}"
 
 
 @needs_paper_tex

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from rpg_ref.core.losses import SPECS
 from rpg_ref.interfaces import Prompt
+from rpg_ref.trainer.config import resolved_adv
 
 
 class TabularPolicy(nn.Module):
@@ -66,6 +67,14 @@ def kl_regularized_optimum(ref: np.ndarray, rewards: np.ndarray, beta: float,
         p = beta * ref / (lam - R)
         return p / p.sum()
     raise ValueError(f"no optimum for divergence {divergence!r}")
+
+
+# The divergence whose optimum GRPO's KL term leads to at one token: beta * grad k3(ref / p) is
+# beta * grad KL(ref || p) without the importance weight and beta * grad KL(p || ref) with it (the
+# paper's correction). With group-mean advantages the reward part is -grad E[R] unscaled, so the
+# fixed point is that optimum; a std-normalized advantage rescales the reward part by 1/std, which
+# changes as the policy sharpens, and moves it (tests/test_bandit_kl_direction.py).
+GRPO_KL = {"grpo": "fkl", "grpo-corrected": "rkl"}
 
 
 class BanditTask:
@@ -126,6 +135,10 @@ class BanditTask:
         elif spec.family in ("rpg", "rpg-reinforce"):
             optimum = kl_regularized_optimum(ref, R, cfg.beta, spec.divergence)
             note = f"argmax E[R] - beta {spec.divergence}(p, ref)"
+        elif cfg.algo in GRPO_KL and resolved_adv(cfg) == "group-mean":
+            optimum = kl_regularized_optimum(ref, R, cfg.beta, GRPO_KL[cfg.algo])
+            note = (f"{cfg.algo} with group-mean advantages: argmax E[R] - beta "
+                    f"{GRPO_KL[cfg.algo]}(p, ref)")
         else:
             optimum = None
             note = f"{cfg.algo}: no closed-form fixed point (advantage scaling / estimator bias)"
