@@ -32,7 +32,8 @@ RESULTS_MD = RMD = "small_scale/RESULTS.md"
 
 @cache
 def rows(study: str) -> tuple:
-    return tuple(json.loads(line) for line in (RESULTS / f"{study}.jsonl").open())
+    path = RESULTS / f"{study}.jsonl"
+    return tuple(json.loads(line) for line in path.open()) if path.exists() else ()
 
 
 @cache
@@ -52,7 +53,11 @@ def excluded(study: str) -> frozenset:
 
 
 def by_seed(study: str, cell: str, outcome: str = "heldout") -> dict:
-    return {r["seed"]: r["outcomes"][outcome] for r in rows(study)
+    """{seed: outcome}; "drop" is heldout_first - heldout_min (the fall from the first evaluation
+    to the lowest)."""
+    def value(o):
+        return o["heldout_first"] - o["heldout_min"] if outcome == "drop" else o[outcome]
+    return {r["seed"]: value(r["outcomes"]) for r in rows(study)
             if r["cell"] == cell and r["seed"] not in excluded(study)}
 
 
@@ -124,39 +129,27 @@ C = "C"
 QUOTES = [
     # RESULTS.md, the study table's prose
     (RMD, "{:.1f} CPU-h in all", lambda: sum(table_cpu_h())),
-    # RESULTS.md, "What study C says"
+    # RESULTS.md, "What study C says" (each of its numbers is also one a generated block prints:
+    # tests/test_readings.py)
     (RMD, "21 paired seeds in every cell", lambda: seeds_per_cell(C)),
-    (RMD, "On-policy RL adds {:+.2f} held-out over the warm", lambda: mean(
-        C, "urkl-u1", "warm-start")),
-    (RMD, "changes the\n  outcome ({:+.3f}, the KL costs", lambda: mean(
-        C, "urkl-u1", "urkl-b0-u1")),
-    (RMD, "URKL + clip differs from DAPO\n  ({:+.3f})", lambda: mean(C, "dapo-u1", "urkl-u1")
-     * -1),
-    (RMD, "token-cost exploit ({:.3f} held-out;", lambda: cell_mean(C, "dapo-u16")),
-    (RMD, "URKL + clip {:+.3f} over it", lambda: mean(C, "urkl-u16", "dapo-u16")),
-    (RMD, "and loses {:.3f}\n  less from 1 to 16 updates", lambda: mean(
-        C, "urkl-u16", "dapo-u16", then=("urkl-u1", "dapo-u1"))),
-    (RMD, "ends {:.3f} above URKL + clip and loses", lambda: mean(C, "grpo-u16", "urkl-u16")),
-    (RMD, "and loses\n  {:.3f} less:", lambda: -mean(
-        C, "urkl-u16", "grpo-u16", then=("urkl-u1", "grpo-u1"))),
-    (RMD, "no difference larger than {:.3f} (DAPO)", lambda: bound(C, "urkl-u4", "dapo-u4")),
-    (RMD, "/ {:.3f} (GRPO).", lambda: bound(C, "urkl-u4", "grpo-u4")),
-    (RMD, "TIS helps URKL + clip ({:+.3f})", lambda: mean(C, "urkl-lag4-tis", "urkl-lag4")),
-    (RMD, "end within {:.3f} (URKL)", lambda: bound(C, "urkl-lag4-coupled", "urkl-lag4-tis")),
-    (RMD, "/ {:.3f}\n  (DAPO)", lambda: bound(C, "dapo-lag4-coupled", "dapo-lag4-tis")),
-    (RMD, "coupled, DAPO ends {:.3f} above URKL + clip", lambda: mean(
-        C, "dapo-lag4-coupled", "urkl-lag4-coupled")),
-    (RMD, "URKL ends {:.3f} above UFKL", lambda: mean(C, "urkl-u4", "ufkl-u4")),
-    (RMD, "write their work is {:.3f} larger", lambda: mean(
-        C, "urkl-u4", "ufkl-u4", "reasoning_last")),
-    (RMD, "replicated** ({:+.3f} URKL + clip", lambda: mean(C, "urkl-u16-lr4", "urkl-u4")),
-    (RMD, "{:+.3f} DAPO)", lambda: mean(C, "dapo-u16-lr4", "dapo-u4")),
-    (RMD, "the iterative reference ends {:.3f} higher", lambda: mean(
-        C, "urkl-iter-b3.0x-u4", "urkl-frozen-b3.0x-u4")),
-    (RMD, "minimum over the run is {:.3f} higher", lambda: mean(
+    (RMD, "On-policy RL ends {:+.3f}", lambda: mean(C, "urkl-u1", "warm-start")),
+    (RMD, "beta 0\n  ({:+.3f} [", lambda: mean(C, "urkl-u1", "urkl-b0-u1")),
+    (RMD, "URKL + RPG-Style Clip ends {:+.3f} [", lambda: mean(C, "urkl-u16", "warm-start")),
+    (RMD, "GRPO {:+.3f} [", lambda: mean(C, "grpo-u16", "warm-start")),
+    (RMD, "and DAPO {:+.3f} [", lambda: mean(C, "dapo-u16", "warm-start")),
+    (RMD, "({} / 21 seeds below it)", lambda: int((paired(C, "urkl-u16", "warm-start") < 0).sum())),
+    (RMD, "URKL + clip {:+.3f} over DAPO", lambda: mean(C, "urkl-u16", "dapo-u16")),
+    (RMD, "against GRPO it ends {:.3f} lower", lambda: mean(C, "grpo-u16", "urkl-u16")),
+    (RMD, "(within {:.3f} for URKL + clip", lambda: bound(C, "urkl-lag4-coupled", "urkl-lag4-tis")),
+    (RMD, "differs by {:+.3f} [", lambda: mean(C, "urkl-iter-b3.0x-u4", "urkl-frozen-b3.0x-u4",
+                                              "drop")),
+    (RMD, "lowest held-out is {:.3f} higher", lambda: mean(
         C, "urkl-iter-b3.0x-u4", "urkl-frozen-b3.0x-u4", "heldout_min")),
-    (RMD, "references end within {:.3f}", lambda: bound(
-        C, "urkl-frozen-b0.3x-u4", "urkl-iter-b0.3x-u4")),
+    (RMD, "it is already {:+.3f} [", lambda: mean(
+        C, "urkl-iter-b3.0x-u4", "urkl-frozen-b3.0x-u4", "heldout_first")),
+    (RMD, "TIS helps URKL + clip with the stale sampler ({:+.3f})", lambda: mean(
+        C, "urkl-lag4-tis", "urkl-lag4")),
+    (RMD, "URKL\n  ends {:.3f} above UFKL", lambda: mean(C, "urkl-u4", "ufkl-u4")),
     # docs/carry_task.md, the power of study C stated before its runs
     ("docs/carry_task.md", "beta 0.1 vs 0 at cost 0.02: {:.3f}", lambda: sd_of_pairs(
         "carry-calibration", "c0.02-b0.1", "c0.02-b0.0")),
@@ -174,11 +167,14 @@ QUOTES = [
     ("notebooks/07_off_policy_on_the_bandit.py", "decoupled loss ({:+.2f} held-out)", lambda: mean(
         C, "urkl-lag4-tis", "urkl-lag4")),
     # README, the study paragraph
-    ("README.md", "What {} paired seeds per\ncell say", lambda: seeds_per_cell("A")),
-    ("README.md", "{} paired seeds per cell: there the KL", lambda: seeds_per_cell(C)),
-    ("README.md", "URKL + clip ends {:.2f} above DAPO", lambda: mean(C, "urkl-u16", "dapo-u16")),
-    ("README.md", "and {:.2f} below GRPO", lambda: mean(C, "grpo-u16", "urkl-u16")),
-    ("README.md", "(URKL\n{:.2f} above UFKL)", lambda: mean(C, "urkl-u4", "ufkl-u4")),
+    ("README.md", "on-policy RL adds {:+.3f} over the warm start", lambda: mean(
+        C, "urkl-u1", "warm-start")),
+    ("README.md", "URKL + clip ends {:+.3f} [", lambda: mean(C, "urkl-u16", "warm-start")),
+    ("README.md", "GRPO {:+.3f}, and", lambda: mean(C, "grpo-u16", "warm-start")),
+    ("README.md", "DAPO {:+.3f}, driven", lambda: mean(C, "dapo-u16", "warm-start")),
+    ("README.md", "URKL + clip {:+.3f} over DAPO", lambda: mean(C, "urkl-u16", "dapo-u16")),
+    ("README.md", "({} paired seeds per cell), RPG-Style", lambda: seeds_per_cell("A")),
+    ("README.md", "study C, {} paired seeds", lambda: seeds_per_cell(C)),
 ]
 
 
@@ -206,11 +202,15 @@ def test_the_study_table_is_the_rows():
 
 
 def test_every_study_is_complete_as_results_md_says():
-    """"Every study is complete": each cell of each study has every planned seed the exclusion
-    rule keeps (the seeds of the study file's plan)."""
-    assert "Every study is complete" in (ROOT / RESULTS_MD).read_text()
+    """"Every study is complete" but those RESULTS.md names as still landing: each cell of each
+    other study has every planned seed the exclusion rule keeps (the study file's plan)."""
+    text = (ROOT / RESULTS_MD).read_text()
+    assert "Every study is complete but those still landing" in text
+    landing = set(re.findall(r"`([^`]+)`", text.split("Still landing:", 1)[1].split("\n\n")[0]))
     for path in sorted(STUDIES.glob("*.json")):
         study = path.stem
+        if study in landing:
+            continue
         s = spec(study)
         for cell, body in s["cells"].items():
             first = s.get("first_seed", 0)
