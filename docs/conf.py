@@ -30,6 +30,7 @@ extensions = [
     "myst_nb",                  # MyST markdown and notebooks (includes myst_parser)
     "sphinx.ext.autodoc",       # the loss reference, from rpg_ref.core.losses's docstrings
     "sphinx-mathjax-offline",   # MathJax 3 with its fonts, copied into the site
+    "sphinx_design",            # dropdowns (exercise solutions), tabs, cards
 ]
 
 # --- MyST and notebooks ---

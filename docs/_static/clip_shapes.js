@@ -79,7 +79,7 @@
   const ADVANTAGES = [1, -1];
 
   function wRange(p) {
-    return [0.05, Math.max(3.0, (p.c === null ? 0 : p.c) + 0.5)];
+    return [0.2, Math.max(3.0, (p.c === null ? 0 : p.c) + 0.5)];
   }
 
   // Every curve at N points: {w, params, curves: {ppo|alg1|alg2: {name, "1"|"-1": {loss, grad}}}}
@@ -103,7 +103,7 @@
 
   // ---------------------------------------------------------------- drawing (SVG)
   const SVG = "http://www.w3.org/2000/svg";
-  const COLORS = { ppo: "#7f7f7f", alg1: "#1f77b4", alg2: "#d62728" };
+  const COLORS = { ppo: "#2ca02c", alg1: "#1f77b4", alg2: "#d62728" };
   const W = 420, H = 260, M = { l: 48, r: 10, t: 26, b: 34 };
 
   function el(name, attrs, parent) {
