@@ -47,13 +47,16 @@ autodoc_default_options = {"members": True, "ignore-module-all": True}
 
 def _docstring_as_written(app, what, name, obj, options, lines):
     """The docstrings are written to be read in a terminal (aligned formulas, no markup):
-    render each as a literal block so that layout survives and no docstring can break -W."""
-    if not any(line.strip() for line in lines):
-        return
+    render each as a plain-text block so that layout survives and no docstring can break -W.
+    A registered loss formula is headed by the names it is registered under."""
+    from rpg_ref.core.losses import LOSSES
     text = [line.rstrip() for line in lines]
     while text and not text[-1]:
         text.pop()
-    lines[:] = ["::", ""] + ["    " + line if line else "" for line in text] + [""]
+    head = [f"Registered as ``LOSSES[{n!r}]``." for n, loss in LOSSES.items()
+            if loss.formula is obj]
+    block = [".. code-block:: text", ""] + ["    " + line if line else "" for line in text]
+    lines[:] = (head + [""] if head else []) + (block + [""] if text else [])
 
 
 # --- HTML ---

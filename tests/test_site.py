@@ -30,9 +30,9 @@ ALLOWED_CONSOLE_ERRORS = (re.compile(r"Got invalid theme mode"),)
 
 
 def _chromium() -> str | None:
-    if os.environ.get("RPG_CHROMIUM"):
-        return os.environ["RPG_CHROMIUM"]
-    return next((p for p in CHROMIUM_CANDIDATES if p and os.access(p, os.X_OK)), None)
+    candidates = (os.environ["RPG_CHROMIUM"],) if os.environ.get("RPG_CHROMIUM") else \
+        CHROMIUM_CANDIDATES
+    return next((p for p in candidates if p and os.access(p, os.X_OK)), None)
 
 
 def _why_not() -> str | None:
@@ -44,7 +44,7 @@ def _why_not() -> str | None:
         return "playwright not installed: pip install -e '.[docs]'"
     if _chromium() is None:
         return ("no Chromium found: apt-get install chromium (Debian), or set "
-                "RPG_CHROMIUM=/path/to/chromium")
+                "RPG_CHROMIUM to an executable Chromium")
     return None
 
 
