@@ -115,8 +115,8 @@ kl_estimators.plot_kl_estimators(kl_estimators.kl_estimators_data())
 # unnormalized)
 # and Appendix D (`app:k3_ukl_connection`) for scaled Gaussians $a\,\mathcal N(\mu_1,\sigma_1^2)$,
 # $b\,\mathcal N(\mu_2,\sigma_2^2)$, whose UKL has the closed form
-# $a[\log\frac ab + \log\frac{\sigma_2}{\sigma_1}
-# + \frac{\sigma_1^2 + (\mu_1-\mu_2)^2}{2\sigma_2^2} - \frac12] + b - a$:
+# $a[\log\frac ab + \log\frac{\sigma_2}{\sigma_1} +
+# \frac{\sigma_1^2 + (\mu_1-\mu_2)^2}{2\sigma_2^2} - \frac12] + b - a$:
 # symbolically (sympy), exactly (float64) and by Monte Carlo.
 
 # %%
