@@ -5,6 +5,7 @@ on, the "number" answer style it is scored with, and the loader's errors. No mod
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,45 @@ def test_rpg_train_and_rpg_eval_refuse_a_missing_gguf_in_one_line(tmp_path):
         assert r.returncode == 2, r.stderr
         assert "m.gguf'" in r.stderr and "no such GGUF file" in r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_concurrent_starts_convert_once_and_a_failed_conversion_leaves_nothing(tmp_path,
+                                                                                monkeypatch):
+    """Two starts at once: one converts (under the cache's file lock), the other waits and reads
+    its folder; a conversion that fails leaves no folder and no half-written one."""
+    import threading
+    import time
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a real model")
+    monkeypatch.setattr(gguf, "check_readers", lambda: None)
+    calls = []
+
+    def fake_convert(path, dest):
+        calls.append(dest)
+        time.sleep(0.5)  # the other start arrives while this one converts
+        dest.mkdir()
+        (dest / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf, "convert", fake_convert)
+    cache = tmp_path / "cache"
+    got = []
+    starts = [threading.Thread(target=lambda: got.append(gguf.hf_folder(str(model), str(cache))))
+              for _ in range(2)]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join()
+    assert len(calls) == 1 and got[0] == got[1]
+    assert sorted(p.name for p in cache.iterdir()) == [".locks", Path(got[0]).name]
+
+    def failing_convert(path, dest):
+        dest.mkdir()
+        raise RuntimeError("killed half-way")
+
+    monkeypatch.setattr(gguf, "convert", failing_convert)
+    other = tmp_path / "n.gguf"
+    other.write_bytes(b"another file")
+    with pytest.raises(RuntimeError):
+        gguf.hf_folder(str(other), str(cache))
+    assert sorted(p.name for p in cache.iterdir()) == [".locks", Path(got[0]).name]
