@@ -345,7 +345,7 @@ def test_committed_study_files_are_consistent(tmp_path):
     import analysis as A
     names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
     assert names == ["A", "B", "C", "D", "D-calibration", "ablation", "bandit", "calibration",
-                     "carry-calibration", "seq"]
+                     "carry-calibration", "seq", "smollm2-calibration"]
     cals = {}
     for name in names:
         spec = S.load_study(name)

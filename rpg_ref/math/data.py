@@ -3,6 +3,7 @@
     load_problems("aime24")                      -> <data dir>/eval/aime24.jsonl
     load_problems("path/to/file.jsonl")          -> that file (".parquet" needs pyarrow)
     load_problems("hf:HuggingFaceH4/MATH-500", split="test")   (needs `datasets`; network)
+    load_problems("arith:add-2d:heldout")        -> made here (rpg_ref.math.arithmetic)
     # renamed/nested fields:
     load_problems("x.parquet", fields={"answer": "reward_model.ground_truth"})
 
@@ -24,6 +25,8 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from rpg_ref.math import arithmetic
 
 EVAL_SETS = ("aime24", "aime25", "amc23", "math500")
 TRAIN_SETS = ("gsm8k_train", "math_train", "deepmath_int")
@@ -153,7 +156,10 @@ def load_problems(spec: str, *, split: str = "train", fields: dict | None = None
         raise ValueError(f"fields may only rename 'problem', 'answer', 'id'; got {sorted(unknown)}")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive int, got {limit!r}")
-    if spec.startswith("hf:"):
+    if spec.startswith(arithmetic.PREFIX):
+        rows = arithmetic.rows(spec)
+        set_name = "-".join(arithmetic.parse(spec))
+    elif spec.startswith("hf:"):
         name = spec[3:]
         rows = ((f"{name}[{split}] row {i}", r) for i, r in enumerate(_hf_rows(name, split)))
         set_name = name.rsplit("/", 1)[-1]

@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from rpg_ref.models.gguf import PACKAGED, gguf_file, hf_folder, is_gguf_spec
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased Pass@k for one problem with c correct out of n samples (module docstring)."""
@@ -118,7 +120,7 @@ def evaluate_sets(generate_fn, tokenizer, sets: dict, n: int, ks: Sequence[int],
                   enable_thinking: bool, checker) -> tuple[dict, dict]:
     """Generate n responses per problem with `generate_fn(prompt_ids_list, n) -> token id lists`,
     score them with `checker` (rpg_ref.math.reward.AnswerChecker) and summarize per set."""
-    from rpg_ref.math.reward import chat_prompt_ids
+    from rpg_ref.math.reward import bare_number_correct, chat_prompt_ids
     results, details = {}, {}
     for name, problems in sets.items():
         prompts = [chat_prompt_ids(tokenizer, p.problem, style, enable_thinking) for p in problems]
@@ -132,6 +134,13 @@ def evaluate_sets(generate_fn, tokenizer, sets: dict, n: int, ks: Sequence[int],
         results[name] = summarize(rows, ks)
         results[name]["check_stats"] = checker.last_stats.as_dict()
         results[name]["mean_response_tokens"] = sum(map(len, responses)) / len(responses)
+        # responses that ran into the token cap (no EOS): a score that rises as they fall may
+        # measure stopping, not solving
+        eos = tokenizer.eos_token_id
+        results[name]["cap_hits"] = sum(not r or r[-1] != eos for r in responses) / len(responses)
+        if style == "number":  # the strict reading beside the scored one: a bare number, right
+            strict = [bare_number_correct(t, g) for t, g in zip(texts, golds)]
+            results[name]["strict"] = sum(strict) / len(strict)
         details[name] = [
             {
                 "id": p.id,
@@ -153,8 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
         "math sets (AIME24/25, AMC23, MATH-500 or your own JSONL/parquet).",
     )
     ap.add_argument(
-        "--model", required=True, help="Hugging Face checkpoint folder (config, weights, tokenizer)"
+        "--model", required=True, help="Hugging Face checkpoint folder (config, weights, "
+        f"tokenizer), a GGUF file, or a packaged model ({', '.join(PACKAGED)}: the smollm2 extra)"
     )
+    ap.add_argument("--cache-dir", default="runs/cache", help="where a GGUF model is converted "
+                    "to a checkpoint folder once (rpg-train's --cache-dir)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --model)")
     ap.add_argument(
         "--data",
@@ -172,9 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     ap.add_argument(
         "--prompt",
-        choices=["answer", "boxed"],
+        choices=["answer", "boxed", "number"],
         default="answer",
-        help="answer: the paper's 'Answer: $Answer' instruction; boxed: \\boxed{} variant",
+        help="answer: the paper's 'Answer: $Answer' instruction; boxed: \\boxed{} variant; "
+        "number: 'Answer with just the number.', the number after the last '=' (arithmetic)",
     )
     ap.add_argument(
         "--enable-thinking", action="store_true", help="Qwen3 thinking mode in the chat template"
@@ -206,8 +219,12 @@ def _validate(args) -> None:
         )
     if args.temperature == 0 and args.n > 1:
         raise ValueError("--temperature 0 (greedy) gives n identical samples: use --n 1 --k 1")
-    why = not_a_model(Path(args.model), tokenizer=args.tokenizer is None)
-    if why:
+    if is_gguf_spec(args.model):  # converted in main, after the cheap checks
+        try:
+            gguf_file(args.model)
+        except ValueError as e:
+            raise ValueError(f"--model {e}") from e
+    elif why := not_a_model(Path(args.model), tokenizer=args.tokenizer is None):
         raise ValueError(f"--model {args.model!r} {why}")
     if args.tokenizer is not None and not _has_tokenizer(Path(args.tokenizer)):
         raise ValueError(f"--tokenizer {args.tokenizer}: no tokenizer there (tokenizer.json or "
@@ -257,6 +274,8 @@ def main(argv: list | None = None) -> int:
         for spec in args.data:
             problems = load_problems(spec, limit=args.limit)
             sets[problems[0].source if not spec.startswith("hf:") else spec[3:]] = problems
+        if is_gguf_spec(args.model):
+            args.model = hf_folder(args.model, args.cache_dir)
     except ValueError as e:
         print(f"rpg-eval: error: {e}", file=sys.stderr)
         return 2

@@ -5,12 +5,12 @@ The paper's setup (sec:experiments; its released code; the DAPO-Math-17k prompt 
     put through the model's chat template (`chat_prompt`); a `\\boxed{}` variant
     (`style="boxed"`) is offered;
   * the final answer is the text after the last "Answer:" (`style="answer"`) or inside the last
-    \\boxed{...} (`style="boxed"`); for thinking models only the text after the last </think>
-    counts;
+    \\boxed{...} (`style="boxed"`), or, for short arithmetic, the number after the last "="
+    (`style="number"`); for thinking models only the text after the last </think> counts;
   * reward +1 for a correct answer and -1 otherwise (`scoring="pm1"`; `"binary"` gives 1 / 0);
     DAPO's soft overlong punishment is added by the loop for every task (rpg_ref.trainer.shaping).
 
-Final answer (`extract_answer`; both styles run in time linear in the response length):
+Final answer (`extract_answer`; every style runs in time linear in the response length):
   * where: after the last "</think>"; then only the last MAX_TAIL_CHARS (4,000) characters.
     Unfinished thinking has NO answer and scores wrong: with thinking on (`thinking=True`, Qwen3's
     enable_thinking) a response without "</think>" - one that ran out of tokens while thinking -
@@ -22,6 +22,9 @@ Final answer (`extract_answer`; both styles run in time linear in the response l
     Several \\boxed{} there are parts of one answer, joined in order ("\\boxed{2} and \\boxed{-3}"
     -> "2, -3"; a hedge "\\boxed{3} or \\boxed{12}" is a list, never a single gold);
   * style "boxed": the content of the last closed \\boxed{} (earlier boxes are often intermediate).
+  * style "number": the first number after the last "=", else the last number ("47 + 28 = 75."
+    -> "75", "The sum is 75" -> "75"): a small chat model writes "a + b = c" however it is asked,
+    so neither a bare number nor a marker is required, and what it is scored on is the sum.
 
 Answer checking (`AnswerChecker`): an extracted answer equals the gold answer when
   1. their canonical strings agree (rpg_ref.math.normalize.canonical: integers, "025", "27.0",
@@ -71,7 +74,9 @@ BOXED_INSTRUCTION = (
     "Solve the following math problem step by step, and give your final answer in the form "
     "\\boxed{answer} at the end of your response."
 )
-STYLES = ("answer", "boxed")
+NUMBER_INSTRUCTION = "Answer with just the number."
+STYLES = ("answer", "boxed", "number")
+NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 SCORINGS = ("pm1", "binary")
 BACKENDS = ("auto", "math_verify", "normalizer")
 MAX_ANSWER_CHARS = 1000
@@ -97,6 +102,8 @@ def user_message(problem: str, style: str = "answer") -> str:
         raise ValueError(f"problem must be a non-empty string, got {problem!r}")
     if style == "answer":
         return f"{PAPER_INSTRUCTION}\n\n{problem}\n\n{PAPER_REMINDER}"
+    if style == "number":
+        return f"{problem} {NUMBER_INSTRUCTION}"
     return f"{problem}\n\n{BOXED_INSTRUCTION}"
 
 
@@ -236,10 +243,35 @@ def _tidy(ans: str) -> str:
     return ans
 
 
+def final_number(text: str) -> str | None:
+    """The first number after the last "=", else the last number, else None (style "number")."""
+    after = NUMBER_RE.search(text, text.rfind("=") + 1) if "=" in text else None
+    if after is not None:
+        return after.group()
+    last = deque(NUMBER_RE.finditer(text), maxlen=1)
+    return last[0].group() if last else None
+
+
+def bare_number(text: str) -> str | None:
+    """The response when it is nothing but a number (a full stop after it allowed), else None: the
+    strict reading of "Answer with just the number"."""
+    t = text.strip().removesuffix(".").strip()
+    return t if NUMBER_RE.fullmatch(t) else None
+
+
+def bare_number_correct(text: str, gold) -> bool:
+    """The response is a bare number (`bare_number`) equal to the gold answer as a canonical
+    string."""
+    pred = bare_number(text)
+    return pred is not None and canonical(pred) == canonical(_gold_text(gold))
+
+
 def _extract(region: str, style: str) -> str | None:
     """The final answer in an answer region (see `extract_answer`); linear in len(region)."""
     if style == "boxed":
         return last_boxed(region)
+    if style == "number":
+        return final_number(region)
     last = deque(_MARKER_RE.finditer(region), maxlen=1)  # the last one counts
     if not last:
         return None
@@ -266,6 +298,7 @@ def extract_answer(text: str, style: str = "answer", thinking: bool = False) -> 
     $...$ around it are removed.
     style "boxed": the content of the last \\boxed{...} (the usual convention: earlier boxes are
     often intermediate results; the instruction asks for one box at the end).
+    style "number": the first number after the last "=", else the last number.
     Linear time in len(text).
     """
     _check_style(style)

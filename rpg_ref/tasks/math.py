@@ -20,7 +20,9 @@ What it plugs into the trainer (the Task protocol of rpg_ref.interfaces):
             accuracy = fraction of responses whose answer is verified correct.
   evaluate  Mean@k and Pass@k (rpg_ref.math.evaluation.evaluate_sets) per evaluation set, with
             --math-eval-n samples per problem, every --eval-every steps and at the end; logged in
-            metrics.jsonl as eval_<set>_mean@<k>, eval_<set>_pass@<k>, eval_<set>_response_len.
+            metrics.jsonl as eval_<set>_mean@<k>, eval_<set>_pass@<k>, eval_<set>_response_len,
+            eval_<set>_cap_hits (share of responses without EOS) and, with --math-prompt number,
+            eval_<set>_strict (share that are the bare right number).
             Evaluation samples from its own seeded random stream, so evaluating (or not) never
             changes training.
   policy    a Hugging Face causal LM: a checkpoint folder or hub id (pretrained weights), or a
@@ -48,6 +50,7 @@ from torch import nn
 from rpg_ref.interfaces import Prompt
 from rpg_ref.math.data import data_dir, load_problems
 from rpg_ref.math.tiny_model import TINY_MODEL, tiny_qwen3_config
+from rpg_ref.models.gguf import PACKAGED, hf_folder, is_gguf_spec
 from rpg_ref.models.hub import check_model_source
 from rpg_ref.models.load import export_model, load_hf_model, load_tokenizer, resolve_tokenizer
 from rpg_ref.models.policy import DTYPES, HFPolicy
@@ -55,7 +58,10 @@ from rpg_ref.models.policy import DTYPES, HFPolicy
 
 def model_source(spec: str, cache_dir: str) -> str:
     """--math-model as the loaders take it: TINY_MODEL becomes CACHE_DIR/tiny-qwen3/config.json
-    (rewritten when the shared config changes), anything else is returned as it is."""
+    (rewritten when the shared config changes), a GGUF file or a packaged model's short name its
+    converted folder in CACHE_DIR (rpg_ref.models.gguf), anything else is returned as it is."""
+    if is_gguf_spec(spec):
+        return _flagged("--math-model", spec, hf_folder, spec, cache_dir)
     if spec != TINY_MODEL:
         return spec
     shared = data_dir() / "models" / "qwen3-0.6b" / "config.json"
@@ -82,6 +88,22 @@ def _flagged(flag: str, value, fn, *args, **kwargs):
         raise ValueError(f"{flag}: {e}" if str(value) in str(e) else f"{flag} {value}: {e}") from e
 
 
+def freeze_below(model: nn.Module, n: int) -> None:
+    """Only the last ``n`` decoder layers and the final norm keep requires_grad (the optimizer skips
+    parameters without a gradient): a cheaper step, and the embedding (tied to the LM head in small
+    models) stays the base model's."""
+    body = getattr(model, "model", None)
+    layers, norm = getattr(body, "layers", None), getattr(body, "norm", None)
+    if not isinstance(layers, nn.ModuleList) or norm is None:
+        raise ValueError(f"--math-train-layers: {type(model).__name__} has no model.layers and "
+                         f"model.norm to train alone; use --math-train-layers 0")
+    if n > len(layers):
+        raise ValueError(f"--math-train-layers {n}: the model has {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    for module in (*layers[len(layers) - n:], norm):
+        module.requires_grad_(True)
+
+
 # =============================================================================================
 # the task
 # =============================================================================================
@@ -99,9 +121,11 @@ class MathTask:
             default="Qwen/Qwen3-4B",
             metadata={
                 "help": "policy: a Hugging Face "
-                "checkpoint folder or hub id, or a config.json (file or weightless folder) "
-                f"for a randomly initialized model, or {TINY_MODEL!r} (Qwen3-0.6B's "
-                "shared config shrunk to 2 layers of width 64, random: for CPUs)"
+                "checkpoint folder or hub id, a GGUF file, a packaged model "
+                f"({', '.join(PACKAGED)}: the smollm2 extra), or a config.json (file or "
+                "weightless folder) for a randomly initialized model, or "
+                f"{TINY_MODEL!r} (Qwen3-0.6B's shared config shrunk to 2 layers of width 64, "
+                "random: for CPUs)"
             },
         )
         tokenizer: str = field(default="", metadata={"help": "tokenizer folder or hub id ('' = the "
@@ -115,6 +139,9 @@ class MathTask:
         )
         gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute decoder "
                                              "layer activations in the backward pass"})
+        train_layers: int = field(default=0, metadata={"help": "train only the last N decoder "
+                                  "layers and the final norm (0 = every parameter); the "
+                                  "embedding and LM head are then frozen"})
         attn_implementation: str = field(default="sdpa", metadata={"help": "HF attention kernel "
                                          "(sdpa, eager, flash_attention_2)"})
         train_data: str = field(
@@ -146,7 +173,9 @@ class MathTask:
             },
         )
         prompt: str = field(default="answer", metadata={"help": "'answer': the paper's 'Answer: "
-                            "$Answer' instruction; 'boxed': the \\boxed{} variant"})
+                            "$Answer' instruction; 'boxed': the \\boxed{} variant; 'number': "
+                            "'Answer with just the number.', scored on the number after the last "
+                            "'=' (arithmetic sets arith:KIND:SPLIT)"})
         enable_thinking: bool = field(default=False, metadata={"help": "Qwen3 chat template's "
                                       "thinking mode (off: an empty <think></think> block)"})
         scoring: str = field(default="pm1", metadata={"help": "'pm1': +1 correct / -1 otherwise "
@@ -184,7 +213,7 @@ class MathTask:
                 if getattr(self, flag) not in valid:
                     bad(f"--math-{flag} must be one of {valid}, got {getattr(self, flag)!r}")
             for flag in ("train_limit", "eval_limit", "max_prompt_tokens", "eval_n",
-                         "eval_max_new_tokens"):
+                         "eval_max_new_tokens", "train_layers"):
                 if getattr(self, flag) < 0:
                     bad(f"--math-{flag.replace('_', '-')} must be >= 0, got {getattr(self, flag)}")
             if not 0 < self.check_timeout < math.inf or self.check_workers < 1:
@@ -266,6 +295,8 @@ class MathTask:
                 f"tokenizer {self.tokenizer_path} has {len(self.tokenizer)} tokens but the "
                 f"model's embedding has only {n_vocab} rows"
             )
+        if o.train_layers:
+            freeze_below(model, o.train_layers)
         return HFPolicy(model, o.dtype, o.gradient_checkpointing)
 
     def sample_prompts(self, n: int, gen: torch.Generator):
@@ -310,6 +341,9 @@ class MathTask:
                 out[f"{name}_mean@{k}"] = r[f"mean@{k}"]
                 out[f"{name}_pass@{k}"] = r[f"pass@{k}"]
             out[f"{name}_response_len"] = r["mean_response_tokens"]
+            out[f"{name}_cap_hits"] = r["cap_hits"]
+            if "strict" in r:
+                out[f"{name}_strict"] = r["strict"]
         return out
 
     def summary(self, policy, cfg) -> dict:
