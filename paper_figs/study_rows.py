@@ -1,9 +1,9 @@
 """The rows of a study's results file, small_scale/results/<study>.jsonl, checked before any reader
-(small_scale/study.py, small_scale/analysis.py, the figures) takes one as data. No matplotlib here:
-the study runner reads rows without it.
+(small_scale/study/runner.py, small_scale/study/analysis.py, the figures) takes one as data. No
+matplotlib here: the study runner reads rows without it.
 
-One finished run a line, written by small_scale/study.py. What a row must hold, given its study
-file (``spec``):
+One finished run a line, written by small_scale/study/runner.py. What a row must hold, given its
+study file (``spec``):
 - a JSON object with ``cell`` (a string) and ``seed`` (an integer), a cell of the study file and a
   seed it plans (0 .. the cell's ``seeds`` - 1), and no (cell, seed) twice in the file;
 - ``outcomes``: every outcome the study file names, each a finite number or null. Null means the
@@ -108,11 +108,11 @@ def read_study_rows(path: Path, spec: dict | None = None, on_torn=_stderr) -> li
         problem = row_problem(row, spec, seen, i)
         if problem:
             raise ValueError(f"{path}:{i}: {problem}; fix or remove that line (a removed row's "
-                             f"run is done again by small_scale/study.py)")
+                             f"run is done again by python -m small_scale.study)")
         seen[row["cell"], row["seed"]] = i
         rows.append(row)
     if text[len(complete):].strip() and on_torn is not None:
         on_torn(f"{path}:{complete.count(chr(10)) + 1}: the last line is cut short (a write "
-                f"stopped by a kill, or one in progress): left out; study.py cuts it off before "
+                f"stopped by a kill, or one in progress): left out; the runner cuts it off before "
                 f"its next row (a run without its row is run again)")
     return rows

@@ -1,4 +1,4 @@
-"""small_scale/bench_floors.py: its floors compute what they stand in for (the static-KV loop
+"""small_scale/bench/floors.py: its floors compute what they stand in for (the static-KV loop
 samples what the hf engine samples; the GEMM floor counts and replays the matrix products that
 ran), it makes the run a study recorded, refuses bad flags in one line, and runs end to end on a
 tiny run. What it measures is not asserted: timings are its output, not a test's."""
@@ -14,10 +14,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import bench_floors as B  # small_scale/ (on the path: tests/conftest.py)
 from test_hf_engine import EOS, PAD, tiny_qwen3  # tests/ is on sys.path under pytest
 
 from rpg_ref.engines.hf import decode
+from small_scale.bench import floors as B
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])

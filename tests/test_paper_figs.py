@@ -434,7 +434,7 @@ def test_run_experiments_writes_the_layout_the_figures_read(tmp_path):
     """small_scale/run_experiments.py's writer and paper_figs' reader agree: a log read and written
     back is the same file, byte for byte (runs in the experiment's order, seeds increasing), and a
     run added to it is read back whole."""
-    import run_experiments  # small_scale/ (on the path: tests/conftest.py)
+    from small_scale import run_experiments
 
     write_logs(tmp_path / "a", "seq", ["a", "b"], seeds=(0, 1), steps=4)
     log = run_experiments.read_log(tmp_path / "a" / "seq.jsonl")

@@ -1,4 +1,4 @@
-"""small_scale/study.py: study files are checked before anything runs, jobs run in the
+"""small_scale/study/runner.py: study files are checked before anything runs, jobs run in the
 pre-registered order with paired seeds, the results file survives a torn write, a killed study
 resumes where it was, and two runners never run one (cell, seed) twice."""
 
@@ -13,9 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-import study as S  # small_scale/ (on the path: tests/conftest.py)
 
-SMALL_SCALE = Path(S.__file__).resolve().parent
+import small_scale.study.runner as S
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module(name: str, *args) -> list:
+    """The command line of ``python -m small_scale.<name> ARGS``, run from the repository's root
+    (the cwd of every call below)."""
+    return [sys.executable, "-m", f"small_scale.{name}", *args]
 
 
 def write_study(root: Path, name="toy", **over) -> Path:
@@ -40,12 +47,13 @@ def write_study(root: Path, name="toy", **over) -> Path:
 
 
 def cli(root: Path, study: str, *args) -> list:
-    return [sys.executable, str(SMALL_SCALE / "study.py"), study, *args, "--studies",
-            str(root / "studies"), "--results", str(root / "results"), "--runs", str(root / "runs")]
+    return module("study", study, *args, "--studies", str(root / "studies"), "--results",
+                  str(root / "results"), "--runs", str(root / "runs"))
 
 
 def run(root, *args, study="toy"):
-    return subprocess.run(cli(root, study, *args), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cli(root, study, *args), capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +128,7 @@ def test_bad_flags_refused_in_one_line_before_anything_runs(tmp_path):
     assert r.stderr.count("\n") == 1 and "cell 'a'" in r.stderr and "no-such-flag" in r.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "runs" / "toy").exists()
     r = run(tmp_path, study="nope")
-    assert r.returncode == 2 and r.stderr.startswith("study.py: no study 'nope'")
+    assert r.returncode == 2 and r.stderr.startswith("small_scale.study: no study 'nope'")
     assert r.stderr.count("\n") == 1
 
 
@@ -296,23 +304,27 @@ def test_a_run_folder_of_other_flags_is_refused(tmp_path):
 
 
 def test_rerun_replays_committed_rows_and_names_what_differs(tmp_path):
-    """small_scale/rerun.py runs a committed row's own command again: identical outcomes on this
-    machine (exit 0); a committed value edited by hand is named with both values (exit 1); a row
-    that is not committed is one line (exit 2)."""
+    """python -m small_scale.study.rerun runs a committed row's own command again: identical
+    outcomes on this machine (exit 0); a committed value edited by hand is named with both values
+    (exit 1); a row that is not committed is one line (exit 2)."""
     write_study(tmp_path, seeds=1, cells={"a": {"args": {"algo": "rpg-urkl"}}})
     assert run(tmp_path).returncode == 0
-    rerun = [sys.executable, str(SMALL_SCALE / "rerun.py"), "toy", "--studies",
+    rerun = [*module("study.rerun"), "toy", "--studies",
              str(tmp_path / "studies"), "--results", str(tmp_path / "results")]
-    r = subprocess.run([*rerun, "--runs", "1"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*rerun, "--runs", "1"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
     assert r.returncode == 0 and "a s0: identical" in r.stdout, r.stdout + r.stderr
     path = tmp_path / "results" / "toy.jsonl"
     row = json.loads(path.read_text())
     row["outcomes"]["reward"] += 0.5
     path.write_text(json.dumps(row) + "\n")
-    r = subprocess.run([*rerun, "--pick", "a:0"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*rerun, "--pick", "a:0"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
     assert r.returncode == 1 and f"reward {row['outcomes']['reward']} -> " in r.stdout, r.stdout
-    r = subprocess.run([*rerun, "--pick", "a:7"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2 and r.stderr.startswith("rerun.py: no committed rows ['a:7']")
+    r = subprocess.run([*rerun, "--pick", "a:7"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.startswith(
+        "small_scale.study.rerun: no committed rows ['a:7']")
 
 
 def test_committed_study_files_are_consistent(tmp_path):
@@ -321,7 +333,7 @@ def test_committed_study_files_are_consistent(tmp_path):
     a study reads are choices of the calibration it names; the bandit study's flags pass
     rpg-train's own parser (the seq and carry studies use --init-seed, checked by study.py before
     a run)."""
-    import analysis as A
+    import small_scale.study.analysis as A
     names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
     assert names == ["A", "B", "C", "ablation", "bandit", "calibration", "carry-calibration",
                      "seq"]
@@ -386,16 +398,16 @@ def test_without_the_study_extra_the_runner_works_and_the_analysis_says_what_to_
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     for flag in ("--status", "--dry-run"):
-        r = subprocess.run([sys.executable, str(SMALL_SCALE / "study.py"), "A", flag], env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(module("study", "A", flag), env=env, capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         done = r"^A: \d+/\d+ runs done|^\d+ of \d+ runs pending$"
         assert re.search(done, r.stdout, re.M), r.stdout
-    r = subprocess.run([sys.executable, str(SMALL_SCALE / "analysis.py"), "--all", "--check"],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(module("study.analysis", "--all", "--check"), env=env,
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 2 and r.stdout == "", r
-    assert r.stderr == ("analysis.py: matplotlib is not installed: pip install -e '.[study]' (the "
-                        "study extra: scipy, matplotlib)\n"), r.stderr
+    assert r.stderr == ("small_scale.study.analysis: matplotlib is not installed: pip install -e "
+                        "'.[study]' (the study extra: scipy, matplotlib)\n"), r.stderr
 
 
 @pytest.mark.slow

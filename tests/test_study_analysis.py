@@ -1,5 +1,5 @@
-"""small_scale/analysis.py: the statistics against hand-worked values and closed forms, a planted
-effect found, the false-positive rate under a null, and RESULTS.md's generated blocks."""
+"""small_scale/study/analysis.py: the statistics against hand-worked values and closed forms, a
+planted effect found, the false-positive rate under a null, and RESULTS.md's generated blocks."""
 
 import math
 
@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("scipy", reason="the study analysis needs scipy (pip install -e '.[study]')")
 
-import analysis as A  # small_scale/ (on the path: tests/conftest.py)
-import study_files as S
-from study import append_row
+import small_scale.study.analysis as A
+import small_scale.study.files as S
+from small_scale.study.runner import append_row
 
 
 def test_holm_hand_worked():
@@ -341,12 +341,13 @@ def test_results_md_blocks_are_replaced_whole():
 
 def test_results_md_equals_the_generator_on_the_committed_results():
     """Every number RESULTS.md shows for a study is the generator's output on the committed
-    results files (small_scale/results/*.jsonl): rerun python small_scale/analysis.py --all."""
+    results files (small_scale/results/*.jsonl): rerun python -m small_scale.study.analysis
+    --all."""
     text = A.RESULTS_MD.read_text()
     blocks = A.generated()
     for study in blocks:
         assert A.begin(study) in text, f"RESULTS.md has no generated block for study {study}"
-    assert A.fill_blocks(text, blocks) == text, "run: python small_scale/analysis.py --all"
+    assert A.fill_blocks(text, blocks) == text, "run: python -m small_scale.study.analysis --all"
 
 
 def test_all_writes_reports_figures_and_results_md_blocks(tmp_path):

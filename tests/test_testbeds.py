@@ -1,4 +1,4 @@
-"""small_scale/testbeds.json and its block of RESULTS.md: every contrast it names is one its
+"""small_scale/study/testbeds.json and its block of RESULTS.md: every contrast it names is one its
 study pre-registered, and the last column says "replicated" only where both testbeds ran the claim
 on every planned seed and found a difference of the same sign."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 
 pytest.importorskip("scipy")
-import analysis as A  # small_scale/ (on the path: tests/conftest.py)
-import study_files as S
+import small_scale.study.analysis as A
+import small_scale.study.files as S
 
 
 def test_every_contrast_named_is_one_its_study_registered():

@@ -1,8 +1,8 @@
 """A study's files and the pre-registered rules the runner itself applies: the study file
 (small_scale/studies/<study>.json, checked), its results rows (small_scale/results/<study>.jsonl,
 checked against it: paper_figs/study_rows.py), which seeds the warm-start rule excludes, and the
-values the calibration study chose. study.py (the runner) and analysis.py (the statistics) both
-read these; nothing here needs scipy or matplotlib.
+values the calibration study chose. The runner and the statistics (analysis.py) both read these;
+nothing here needs scipy or matplotlib.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from paper_figs.study_rows import read_study_rows, row_problem
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent   # small_scale/
 ROOT = HERE.parent
 STUDIES = HERE / "studies"
 RESULTS = HERE / "results"
@@ -167,7 +167,7 @@ def select(spec: dict, rows: list[dict]) -> dict:
       min(gain - ``min_gain``, job). The choice is the candidate with the largest score ("inside
       the range" when it is > 0: both criteria met), the smaller key on a tie.
     Complete: every cell of the study has all its planned seeds but those of the study's
-    ``exclude`` rule, which do not count in any score (study.py does not run them)."""
+    ``exclude`` rule, which do not count in any score (the runner does not run them)."""
     done = {(r["cell"], r["seed"]) for r in rows}
     dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
     complete = all((c, s) in done for c in spec["cells"]
@@ -233,7 +233,7 @@ def gain_and_job(rule: dict, rows: list[dict]) -> dict:
 
 
 def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibration") -> dict:
-    """{name: value} the calibration study ``study`` chose (study.py substitutes them into the
+    """{name: value} the calibration study ``study`` chose (the runner substitutes them into the
     studies whose "calibration" names it); a StudyError while it is incomplete or chose
     nothing."""
     spec = load_study(study, studies)
@@ -242,7 +242,7 @@ def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibratio
     for name, s in select(spec, rows).items():
         if not s["complete"]:
             raise StudyError(f"the calibration study {study} is not complete ({len(rows)} runs); "
-                             f"finish it first: python small_scale/study.py {study}")
+                             f"finish it first: python -m small_scale.study {study}")
         if s["choice"] is None:
             raise StudyError(f"the calibration chose no {name}: no candidate met its rule; "
                              f"extend the grid in small_scale/studies/{study}.json")

@@ -1,16 +1,16 @@
 """Run a pre-registered study: every (cell, seed) of small_scale/studies/<study>.json as one
 rpg-train command, resumable, in parallel, one results row per finished run.
 
-    python small_scale/study.py calibration --dry-run     # what would run, in order
-    python small_scale/study.py calibration --workers 2   # run (or continue) it
-    python small_scale/study.py calibration --status      # done/total per cell, CPU time left
-    python small_scale/analysis.py calibration            # verdicts, tables, figures
+    python -m small_scale.study calibration --dry-run     # what would run, in order
+    python -m small_scale.study calibration --workers 2   # run (or continue) it
+    python -m small_scale.study calibration --status      # done/total per cell, CPU time left
+    python -m small_scale.study.analysis calibration            # verdicts, tables, figures
 
 A study file holds rpg-train flags (``common``, and per cell ``args``; JSON keys are flags:
 "eval_every": 5 is ``--eval-every 5``, a list is several values, true/false is --x/--no-x),
 ``seeds`` (seed indices 0..N-1, per cell overridable), ``seed_flags`` (the flags that take the
 seed index), the ``outcomes`` recorded per run, the ``series`` kept for figures, and the
-pre-registered ``analysis`` (read by small_scale/analysis.py). A value {"calibrated": NAME,
+pre-registered ``analysis`` (read by small_scale/study/analysis.py). A value {"calibrated": NAME,
 "times": F} is the calibration study's choice NAME (analysis.calibrated_values) times F.
 
 Pairing: seed index s of every cell runs with every flag of ``seed_flags`` set to s (the seq
@@ -23,7 +23,7 @@ done) is not run in the other cells: its results would enter no test.
 Each run is the command a user types: ``python -m rpg_ref.cli FLAGS --seed s ... --out
 RUNS/<study>/<cell>/s<seed> --cache-dir RUNS/cache --threads 1 --no-progress`` (the runner's
 interpreter; the runner sets those flags, a study may not), run as rpg-train's main in a fork of
-a persistent worker process that imported torch and transformers once (study_worker.py: the same
+a persistent worker process that imported torch and transformers once (worker.py: the same
 outputs bit for bit, seconds less per run; a run's cpu_s is its own, without those imports), its
 output in RUNS/<study>/<cell>/s<seed>.log. A run folder that already holds a run
 continues with ``--resume`` (a killed run loses at most the steps since its last checkpoint).
@@ -59,7 +59,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from study_files import (
+from rpg_ref import strict_json
+from small_scale.study.files import (
     RESULTS,
     ROOT,
     STUDIES,
@@ -72,10 +73,8 @@ from study_files import (
     read_rows,
     results_path,
 )
-from study_worker import Worker
-from train_flags import flags
-
-from rpg_ref import strict_json
+from small_scale.study.train_flags import flags
+from small_scale.study.worker import Worker
 
 RUNS = ROOT / "runs" / "study"
 
@@ -208,7 +207,7 @@ def append_row(path: Path, row: dict) -> None:
                 if not data.endswith(b"\n"):
                     keep, lines = data.rfind(b"\n") + 1, data.count(b"\n")
                     f.truncate(keep)
-                    print(f"study.py: {rel(path)}:{lines + 1}: cut off a torn last "
+                    print(f"small_scale.study: {rel(path)}:{lines + 1}: cut off a torn last "
                           f"line ({size - keep} bytes, a write stopped by a kill); a run "
                           f"without its row is run again", file=sys.stderr, flush=True)
             f.write(line)
@@ -407,7 +406,7 @@ def status_lines(spec: dict, jobs: list[Job], rows: list[dict]) -> list[str]:
 def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
               max_runs: int | None = None) -> int:
     """Run every pending job with ``workers`` threads, each driving one persistent worker process
-    (study_worker.py) that runs its jobs one at a time."""
+    (small_scale/study/worker.py) that runs its jobs one at a time."""
     # signalled: reentrant, since a second signal can run on_signal inside the first one
     lock, signalled = threading.Lock(), threading.RLock()
     queue, running = list(jobs), set()   # running: the pids of the jobs now running
@@ -483,17 +482,18 @@ def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
         for s, h in old.items():
             signal.signal(s, h)
     if state["failed"]:
-        print(f"study.py: {state['failed']}", file=sys.stderr)
+        print(f"small_scale.study: {state['failed']}", file=sys.stderr)
         return 1
     if state["stop"]:
-        print(f"study.py: stopped by {state['stop']}; run the same command to continue",
+        print(f"small_scale.study: stopped by {state['stop']}; run the same command to continue",
               file=sys.stderr)
         return 128 + getattr(signal, state["stop"])
     return 0
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="study.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m small_scale.study",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("study", help="a study file's name: small_scale/studies/<study>.json")
@@ -509,7 +509,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--runs", default=str(RUNS), help="run folders (git-ignored)")
     a = ap.parse_args(argv)
     if a.workers < 1 or (a.max_runs is not None and a.max_runs < 1) or a.nice < 0:
-        print("study.py: --workers and --max-runs must be >= 1, --nice >= 0", file=sys.stderr)
+        print("small_scale.study: --workers and --max-runs must be >= 1, --nice >= 0",
+              file=sys.stderr)
         return 2
     try:
         spec = load_study(a.study, a.studies)
@@ -529,7 +530,7 @@ def main(argv: list | None = None) -> int:
             jobs = jobs_of(spec, a.runs, calibrated, a.cells)
             validate(jobs, Path(a.runs))
     except StudyError as e:
-        print(f"study.py: {e}", file=sys.stderr)
+        print(f"small_scale.study: {e}", file=sys.stderr)
         return 2
     skip = skipped_keys(spec, jobs, rows)
     if skip:

@@ -2,11 +2,11 @@
 t intervals, Holm-corrected families, interactions (difference of differences), collapse rates
 with an exact paired test, the minimum detectable effect, and one verdict per contrast.
 
-    python small_scale/analysis.py A               # the report of study A (markdown, stdout)
-    python small_scale/analysis.py --all           # every study with results: reports and
+    python -m small_scale.study.analysis A               # the report of study A (markdown, stdout)
+    python -m small_scale.study.analysis --all           # every study with results: reports and
                                                    # figures into paper_figs/out/study/, and the
                                                    # generated blocks of small_scale/RESULTS.md
-    python small_scale/analysis.py --all --check   # exit 1 if RESULTS.md differs from them
+    python -m small_scale.study.analysis --all --check   # exit 1 if RESULTS.md differs from them
 
 Statistics (scipy.stats; nothing here is a hand-written distribution):
 - a contrast is a signed sum of cells per seed, d_s = sum(+cells) - sum(-cells), over the seeds
@@ -49,14 +49,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import study_files as S
+
+import small_scale.study.files as S
 
 try:  # the study extra: one line naming it, not a traceback
     import matplotlib  # noqa: F401  (the figures of --all: paper_figs._common)
     from scipy import optimize, stats
 except ModuleNotFoundError as e:
-    print(f"analysis.py: {e.name} is not installed: pip install -e '.[study]' (the study extra: "
-          f"scipy, matplotlib)", file=sys.stderr)
+    print(f"small_scale.study.analysis: {e.name} is not installed: pip install -e '.[study]' "
+          f"(the study extra: scipy, matplotlib)", file=sys.stderr)
     raise SystemExit(2) from None
 
 OUT = S.ROOT / "paper_figs" / "out" / "study"
@@ -465,7 +466,7 @@ def plot_levels(spec: dict, a: dict, out: Path) -> list[Path]:
 # RESULTS.md: generated blocks
 # ----------------------------------------------------------------------------------------------
 
-TESTBEDS = S.HERE / "testbeds.json"
+TESTBEDS = Path(__file__).resolve().parent / "testbeds.json"
 
 
 def claim_side(entry: dict, studies: dict) -> dict:
@@ -528,7 +529,7 @@ def two_testbeds_report(studies: dict, path: Path) -> str | None:
 
 
 def begin(study: str) -> str:
-    return f"<!-- generated: python small_scale/analysis.py --all ({study}) -->"
+    return f"<!-- generated: python -m small_scale.study.analysis --all ({study}) -->"
 
 
 def end(study: str) -> str:
@@ -571,7 +572,8 @@ def generated(results=S.RESULTS, studies=S.STUDIES) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="analysis.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m small_scale.study.analysis",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("study", nargs="?", help="one study's report to stdout")
@@ -593,13 +595,13 @@ def main(argv=None) -> int:
             return 0
         studies = analysed(a.results, a.studies)
     except S.StudyError as e:
-        print(f"analysis.py: {e}", file=sys.stderr)
+        print(f"small_scale.study.analysis: {e}", file=sys.stderr)
         return 2
     blocks = {name: report(res) for name, (_, res) in studies.items()}
     try:
         both = two_testbeds_report({name: res for name, (_, res) in studies.items()}, TESTBEDS)
     except S.StudyError as e:
-        print(f"analysis.py: {e}", file=sys.stderr)
+        print(f"small_scale.study.analysis: {e}", file=sys.stderr)
         return 2
     if both is not None:
         blocks["testbeds"] = both
@@ -608,8 +610,8 @@ def main(argv=None) -> int:
     new = fill_blocks(text, blocks)
     if a.check:
         if new != text:
-            print("analysis.py: small_scale/RESULTS.md differs from the generated tables; "
-                  "run: python small_scale/analysis.py --all", file=sys.stderr)
+            print("small_scale.study.analysis: small_scale/RESULTS.md differs from the generated "
+                  "tables; run: python -m small_scale.study.analysis --all", file=sys.stderr)
             return 1
         return 0
     out = Path(a.out)

@@ -1,8 +1,8 @@
 """Each phase of one study run against its floor, measured in one run of this script.
 
-    python small_scale/bench_floors.py                          # study A's urkl-clip-u1, seed 0
-    python small_scale/bench_floors.py --study A --cell dapo-u16 --seed 3
-    python small_scale/bench_floors.py --task NAME [--preset NAME] -- [more rpg-train flags]
+    python -m small_scale.bench.floors                          # study A's urkl-clip-u1, seed 0
+    python -m small_scale.bench.floors --study A --cell dapo-u16 --seed 3
+    python -m small_scale.bench.floors --task NAME [--preset NAME] -- [more rpg-train flags]
 
 The run: the rpg-train flags small_scale/results/<study>.jsonl recorded for the job (--study,
 --cell, --seed), or with --task / --preset a run of that task or preset plus the flags after
@@ -56,14 +56,14 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from bench_common import device_name
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rpg_ref.engines.hf import sample_loop
 from rpg_ref.interfaces import left_pad
+from small_scale.bench.common import device_name
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "small_scale" / "results"
 RUNNER_FLAGS = {"--out": 1, "--cache-dir": 1, "--no-progress": 0, "--progress": 0}  # + values
 
