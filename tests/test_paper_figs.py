@@ -468,7 +468,7 @@ def test_figures_read_a_study_where_there_is_no_legacy_log(logs, tmp_path):
     (tmp_path / "results").mkdir()
     rows = [{"cell": run, "seed": seed, "series": r["metrics"], "summary": r["summary"],
              "outcomes": {"acc": r["metrics"][-1]["accuracy"]}, "cpu_s": 1.0, "wall_s": 1.0,
-             "resumed_from_step": 0}
+             "resumed_from_step": 0, "argv": ["python"], "study_sha256": ""}
             for run, seeds in legacy["runs"].items() for seed, r in seeds.items()]
     (tmp_path / "results" / "ablation.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from study_runs import as_run  # tests/ is on sys.path under pytest
 
+import small_scale.study.files as F
 import small_scale.study.runner as S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,8 +49,9 @@ def write_study(root: Path, name="toy", **over) -> Path:
 
 
 def cli(root: Path, study: str, *args) -> list:
+    """The runner on a study in ``root`` (a folder outside git: --allow-uncommitted)."""
     return module("study", study, *args, "--studies", str(root / "studies"), "--results",
-                  str(root / "results"), "--runs", str(root / "runs"))
+                  str(root / "results"), "--runs", str(root / "runs"), "--allow-uncommitted")
 
 
 def run(root, *args, study="toy"):
@@ -88,8 +91,8 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
         "outcome": "p_best", "exclude": {"outcome": "p_best", "below": 0.5, "reference_cell": "r"}})
     spec = S.load_study("toy", tmp_path / "studies")
     jobs = S.jobs_of(spec, tmp_path / "runs")
-    rows = [{"cell": "r", "seed": s, "outcomes": {"p_best": v, "reward": 0.5},
-             "resumed_from_step": 0, "cpu_s": 1.0, "wall_s": 1.0}
+    rows = [as_run(spec, {"cell": "r", "seed": s, "outcomes": {"p_best": v, "reward": 0.5},
+                          "resumed_from_step": 0, "cpu_s": 1.0, "wall_s": 1.0})
             for s, v in [(0, 0.1), (1, 0.5)]]   # seed 2: not measured yet
     assert S.skipped_keys(spec, jobs, rows) == {("a", 0), ("b", 0), ("c", 0)}
     results = tmp_path / "results" / "toy.jsonl"
@@ -134,12 +137,12 @@ def test_bad_flags_refused_in_one_line_before_anything_runs(tmp_path):
 
 def test_calibrated_values_are_substituted():
     args = {"lr": {"calibrated": "lr", "times": 0.25}, "beta": {"calibrated": "beta"}, "x": 1}
-    assert S.resolve_calibrated(args, {"lr": 4e-4, "beta": 0.1}) == {"lr": 1e-4, "beta": 0.1,
+    assert F.resolve_calibrated(args, {"lr": 4e-4, "beta": 0.1}) == {"lr": 1e-4, "beta": 0.1,
                                                                      "x": 1}
     with pytest.raises(S.StudyError, match="not chosen yet"):
-        S.resolve_calibrated(args, None)
+        F.resolve_calibrated(args, None)
     with pytest.raises(S.StudyError, match="calibrated"):
-        S.resolve_calibrated({"lr": {"value": 1}}, {})
+        F.resolve_calibrated({"lr": {"value": 1}}, {})
 
 
 def test_outcomes_and_series():

@@ -20,12 +20,18 @@ from paper_figs.training import load_study as figures_study
 
 
 def copy_of_a(tmp_path: Path) -> tuple[Path, list]:
-    """tmp/studies/A.json, tmp/results/A.jsonl and tmp/RESULTS.md, copies of the committed ones;
+    """tmp/studies/A.json, tmp/results/A.jsonl, copies of the committed ones (with the calibration
+    study whose choices A's arguments read), and tmp/RESULTS.md with their two generated blocks;
     the results' lines."""
     (tmp_path / "studies").mkdir()
     (tmp_path / "results").mkdir()
-    shutil.copy(S.STUDIES / "A.json", tmp_path / "studies" / "A.json")
-    shutil.copy(A.RESULTS_MD, tmp_path / "RESULTS.md")
+    for name in ("A", "calibration"):
+        shutil.copy(S.STUDIES / f"{name}.json", tmp_path / "studies" / f"{name}.json")
+    shutil.copy(S.RESULTS / "calibration.jsonl", tmp_path / "results" / "calibration.jsonl")
+    text = A.RESULTS_MD.read_text()
+    (tmp_path / "RESULTS.md").write_text("".join(
+        text[text.index(A.begin(name)):text.index(A.end(name)) + len(A.end(name))] + "\n"
+        for name in ("A", "calibration")))
     lines = (S.RESULTS / "A.jsonl").read_text().splitlines(keepends=True)
     row = json.loads(lines[2])
     assert (row["cell"], row["seed"]) == ("dapo-u1", 0)
@@ -51,6 +57,8 @@ def edited(row: dict, how: str) -> str:
         out["cell"] = "dapo-u2"
     elif how == "cpu":
         out["cpu_s"] = "nan"
+    elif how == "series":
+        del out["series"]
     return json.dumps(out) + "\n"
 
 
@@ -62,6 +70,7 @@ BAD = {  # how line 3 is edited -> (line named, what the message says of it)
     "seed": (3, "seed 999 of cell 'dapo-u1' is not planned (the study file plans seeds 0-33)"),
     "cell": (3, "cell 'dapo-u2' is not a cell of study A"),
     "cpu": (3, "cpu_s is nan, not a finite number >= 0"),
+    "series": (3, "series is missing or not a list (the run's metrics rows the figures read)"),
     "duplicate": (659, "cell 'dapo-u1' seed 0 again (first at line 3)"),
 }
 

@@ -4,7 +4,7 @@ rpg-train command, resumable, in parallel, one results row per finished run.
     python -m small_scale.study calibration --dry-run     # what would run, in order
     python -m small_scale.study calibration --workers 2   # run (or continue) it
     python -m small_scale.study calibration --status      # done/total per cell, CPU time left
-    python -m small_scale.study.analysis calibration            # verdicts, tables, figures
+    python -m small_scale.study.analysis calibration      # verdicts, tables, figures
 
 A study file holds rpg-train flags (``common``, and per cell ``args``; JSON keys are flags:
 "eval_every": 5 is ``--eval-every 5``, a list is several values, true/false is --x/--no-x),
@@ -36,6 +36,15 @@ series, the summary, commit (and whether the tree was dirty), torch / transforme
 model, wall and CPU seconds. Every row read is checked against the study file first (a NaN, a
 missing outcome, an unplanned cell or seed, a duplicate: one line naming file:line, exit 2;
 paper_figs/study_rows.py holds the rule), and so is every row before it is written.
+
+A row counts only as a run of today's study file: its ``study_sha256`` is the file's (or a version
+the file lists in ``earlier_versions`` with the reason its rows still count) and its argv is what
+the file gives its cell and seed (files.check_provenance). A study file changed after rows landed
+is refused, here (--dry-run, --status, a run) and by the analysis, until its rows are rerun or
+the change is declared as a new study. The runner starts no run while the study file, or the
+comparison rules naming the study (study/testbeds.json), are untracked or hold changes that are
+not committed: the rules are fixed before the first row (--allow-uncommitted: a trial, or a study
+folder outside git, as the tests' are).
 """
 
 from __future__ import annotations
@@ -61,19 +70,26 @@ from pathlib import Path
 
 from rpg_ref import strict_json
 from small_scale.study.files import (
+    COMMAND,
     RESULTS,
     ROOT,
+    RUNNER_FLAGS,
     STUDIES,
+    TESTBEDS,
     StudyError,
     calibrated_values,
+    check_provenance,
     check_row,
     excluded_seeds,
     load_study,
+    needs_calibration,
+    planned_argv,
     planned_seeds,
     read_rows,
     results_path,
+    rules_of,
+    uncommitted,
 )
-from small_scale.study.train_flags import flags
 from small_scale.study.worker import Worker
 
 RUNS = ROOT / "runs" / "study"
@@ -82,27 +98,6 @@ RUNS = ROOT / "runs" / "study"
 # ----------------------------------------------------------------------------------------------
 # the jobs
 # ----------------------------------------------------------------------------------------------
-
-def resolve_calibrated(args: dict, values: dict | None) -> dict:
-    """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F."""
-    out = {}
-    for k, v in args.items():
-        if isinstance(v, dict):
-            if set(v) - {"calibrated", "times"} or "calibrated" not in v:
-                raise StudyError(f"--{k.replace('_', '-')}: a dict value must be "
-                                 f'{{"calibrated": NAME, "times": F}}, got {v}')
-            if values is None or v["calibrated"] not in values:
-                raise StudyError(f"--{k.replace('_', '-')} needs the calibration's "
-                                 f"{v['calibrated']!r}, which is not chosen yet")
-            v = float(f"{values[v['calibrated']] * v.get('times', 1.0):.6g}")
-        out[k] = v
-    return out
-
-
-def needs_calibration(spec: dict) -> bool:
-    every = [spec["common"]] + [c.get("args", {}) for c in spec["cells"].values()]
-    return any(isinstance(v, dict) for a in every for v in a.values())
-
 
 @dataclasses.dataclass
 class Job:
@@ -133,14 +128,9 @@ def jobs_of(spec: dict, runs=RUNS, calibrated: dict | None = None,
             for c in group:
                 if s not in planned_seeds(spec, c):
                     continue
-                args = resolve_calibrated({**spec["common"], **spec["cells"][c].get("args", {})},
-                                          calibrated)
                 folder = run_folder(runs, spec["name"], c, s)
-                argv = flags(args)
-                for f in spec["seed_flags"]:
-                    argv += ["--" + f.replace("_", "-"), str(s)]
-                argv += ["--out", rel(folder), "--cache-dir", rel(Path(runs) / "cache"),
-                         "--threads", "1", "--no-progress"]
+                argv = [*planned_argv(spec, c, s, calibrated), "--out", rel(folder),
+                        "--cache-dir", rel(Path(runs) / "cache"), *RUNNER_FLAGS]
                 out.append(Job(c, s, argv, folder))
     return out
 
@@ -329,7 +319,7 @@ def run_job(job: Job, spec: dict, worker: Worker, claim_fd: int, on_pid) -> dict
     summary = {k: v for k, v in summary.items() if k not in ("config", "final")}
     return {
         "study": spec["name"], "cell": job.cell, "seed": job.seed,
-        "argv": ["python", "-m", "rpg_ref.cli", *job.argv],
+        "argv": [*COMMAND, *job.argv],
         "resumed_from_step": resumed_from,
         "outcomes": outcomes(metrics, spec["outcomes"]),
         "series": series(metrics, spec["series"].get("keys", []), spec["series"].get("every", 1)),
@@ -507,6 +497,9 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--studies", default=str(STUDIES), help=argparse.SUPPRESS)
     ap.add_argument("--results", default=str(RESULTS), help="folder of <study>.jsonl")
     ap.add_argument("--runs", default=str(RUNS), help="run folders (git-ignored)")
+    ap.add_argument("--allow-uncommitted", action="store_true",
+                    help="run a study whose study file or comparison rules are not committed "
+                    "(a trial, or a study folder outside a git repository)")
     a = ap.parse_args(argv)
     if a.workers < 1 or (a.max_runs is not None and a.max_runs < 1) or a.nice < 0:
         print("small_scale.study: --workers and --max-runs must be >= 1, --nice >= 0",
@@ -518,6 +511,7 @@ def main(argv: list | None = None) -> int:
         rows = read_rows(path, spec)
         calibrated = None
         if a.status:   # cells and seeds only: no flag is resolved or checked
+            check_provenance(path, spec, rows)
             cells = a.cells or list(spec["cells"])
             if set(cells) - set(spec["cells"]):
                 raise StudyError(f"no cells {sorted(set(cells) - set(spec['cells']))}; cells: "
@@ -528,7 +522,14 @@ def main(argv: list | None = None) -> int:
             if needs_calibration(spec):
                 calibrated = calibrated_values(a.results, a.studies, spec["calibration"])
             jobs = jobs_of(spec, a.runs, calibrated, a.cells)
+            check_provenance(path, spec, rows, calibrated)
             validate(jobs, Path(a.runs))
+            if not (a.dry_run or a.allow_uncommitted):
+                problem = uncommitted(rules_of(spec, TESTBEDS))
+                if problem:
+                    raise StudyError(f"{problem}: commit the study file and the comparison rules "
+                                     f"that name it before its first run (git add, git commit), "
+                                     f"so that they are fixed before any row lands")
     except StudyError as e:
         print(f"small_scale.study: {e}", file=sys.stderr)
         return 2
