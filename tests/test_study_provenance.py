@@ -228,3 +228,17 @@ def test_the_runner_starts_no_study_whose_rules_are_not_committed(tmp_path, tmp_
     assert R.main(["toy", "--studies", str(outside / "studies"), "--runs", str(outside / "runs"),
                    "--results", str(outside / "results")]) == 2
     assert "toy.json is not in a git repository: commit" in capsys.readouterr().err
+
+
+def test_the_runner_writes_the_command_the_committed_rows_hold():
+    """For every committed row, the runner's command for its job is the row's argv, flag for flag
+    and folder for folder: a study that was running when the runner moved resumes from its rows
+    and its run folders."""
+    for path in sorted(S.STUDIES.glob("*.json")):
+        spec = S.load_study(path.stem)
+        rows = S.read_rows(S.results_path(path.stem), spec)
+        calibrated = (S.calibrated_values(study=spec["calibration"])
+                      if S.needs_calibration(spec) else None)
+        jobs = {(j.cell, j.seed): j for j in R.jobs_of(spec, R.RUNS, calibrated)}
+        for row in rows:
+            assert row["argv"] == [*S.COMMAND, *jobs[row["cell"], row["seed"]].argv], row
