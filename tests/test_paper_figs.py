@@ -418,9 +418,9 @@ def test_training_logs_refuse_inconsistent_or_missing(tmp_path):
     spec = json.loads(lines[0])
     spec["experiment"]["runs"]["ghost"] = {}
     p.write_text(json.dumps(spec) + "\n" + "".join(lines[1:]))
-    with pytest.raises(FileNotFoundError, match=r"study\.py seq"):
+    with pytest.raises(FileNotFoundError, match=r"python -m small_scale\.study seq"):
         training.load_experiment("seq", tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"study\.py bandit"):
+    with pytest.raises(FileNotFoundError, match=r"python -m small_scale\.study bandit"):
         training.load_experiment("bandit", tmp_path)
     p.write_text(p.read_text() + "{not json\n")
     with pytest.raises(ValueError, match="not a JSON object"):
