@@ -1,9 +1,9 @@
 """The rows of a study's results file, small_scale/results/<study>.jsonl, checked before any reader
-(small_scale/study.py, small_scale/analysis.py, the figures) takes one as data. No matplotlib here:
-the study runner reads rows without it.
+(small_scale/study/runner.py, small_scale/study/analysis.py, the figures) takes one as data. No
+matplotlib here: the study runner reads rows without it.
 
-One finished run a line, written by small_scale/study.py. What a row must hold, given its study
-file (``spec``):
+One finished run a line, written by small_scale/study/runner.py. What a row must hold, given its
+study file (``spec``):
 - a JSON object with ``cell`` (a string) and ``seed`` (an integer), a cell of the study file and a
   seed it plans (0 .. the cell's ``seeds`` - 1), and no (cell, seed) twice in the file;
 - ``outcomes``: every outcome the study file names, each a finite number or null. Null means the
@@ -12,7 +12,10 @@ file (``spec``):
 - the outcomes the analysis decides with -- ``analysis.outcome``, and the ``outcome`` of
   ``analysis.exclude`` and of ``analysis.collapse`` -- are never null: a row without them is a run
   that cannot enter the tables;
-- ``cpu_s`` and ``wall_s`` finite numbers >= 0, ``resumed_from_step`` an integer >= 0.
+- ``cpu_s`` and ``wall_s`` finite numbers >= 0, ``resumed_from_step`` an integer >= 0;
+- what the figures and the provenance check read: ``series`` (a list of objects, each with its
+  ``step``), ``summary`` (an object), ``argv`` (the run's command, a list of strings) and
+  ``study_sha256`` (the study file's hash when the run was made).
 Any other line is refused with ``ValueError("file:line: what is wrong")``; a last line without
 its newline is a write cut short by a kill (or one in progress): it is left out and reported to
 ``on_torn`` (the runner cuts it off before its next write; a run without its row is run again).
@@ -79,6 +82,23 @@ def row_problem(row, spec: dict | None, seen: dict, line: int) -> str | None:
                 name == "resumed_from_step" and type(v) is not int):
             return f"{name} is {v!r}, not a " + (
                 "whole number >= 0" if name == "resumed_from_step" else "finite number >= 0")
+    return record_problem(row)
+
+
+def record_problem(row: dict) -> str | None:
+    """What the row lacks of the record the figures and the provenance check read."""
+    series = row.get("series")
+    if not isinstance(series, list):
+        return "series is missing or not a list (the run's metrics rows the figures read)"
+    if not all(isinstance(s, dict) and type(s.get("step")) is int for s in series):
+        return "a series row is not an object with an integer step"
+    if not isinstance(row.get("summary"), dict):
+        return "summary is missing or not an object"
+    argv = row.get("argv")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "argv is missing or not a list of strings (the run's command)"
+    if not isinstance(row.get("study_sha256"), str):
+        return "study_sha256 is missing (the study file's hash the run was made under)"
     return None
 
 
@@ -108,11 +128,11 @@ def read_study_rows(path: Path, spec: dict | None = None, on_torn=_stderr) -> li
         problem = row_problem(row, spec, seen, i)
         if problem:
             raise ValueError(f"{path}:{i}: {problem}; fix or remove that line (a removed row's "
-                             f"run is done again by small_scale/study.py)")
+                             f"run is done again by python -m small_scale.study)")
         seen[row["cell"], row["seed"]] = i
         rows.append(row)
     if text[len(complete):].strip() and on_torn is not None:
         on_torn(f"{path}:{complete.count(chr(10)) + 1}: the last line is cut short (a write "
-                f"stopped by a kill, or one in progress): left out; study.py cuts it off before "
+                f"stopped by a kill, or one in progress): left out; the runner cuts it off before "
                 f"its next row (a run without its row is run again)")
     return rows

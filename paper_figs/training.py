@@ -1,7 +1,7 @@
 """Training dynamics and Last/Best tables from small_scale/ logs, in the shape of the paper's
 fig:main_8k / fig:ablation_clip / fig:ablation_kl and tab:main_table_4k.
 
-Two sources, one shape. A study (small_scale/studies/<exp>.json, run by small_scale/study.py)
+Two sources, one shape. A study (small_scale/studies/<exp>.json, run by small_scale/study/runner.py)
 keeps one row per finished run in small_scale/results/<exp>.jsonl: its ``series`` are the metrics
 rows the figures draw, its ``summary`` the trainer's summary.json, its cells the runs. Beside it,
 the legacy log layout, one file per experiment, <logs>/<exp>.jsonl (written by
@@ -126,7 +126,7 @@ def load_experiment(exp: str, logs=DEFAULT_LOGS) -> dict:
     ``logs`` (<logs>/../results, <logs>/../studies). A run listed in the spec without logs is an
     error naming the command to make them."""
     path = Path(logs) / f"{exp}.jsonl"
-    make = f"python small_scale/study.py {exp}"
+    make = f"python -m small_scale.study {exp}"
     log = read_experiment_log(path) if path.exists() else load_study(exp, Path(logs).parent)
     if log is None:
         raise FileNotFoundError(f"no logs for experiment {exp!r}: neither {path} nor its study's "

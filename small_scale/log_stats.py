@@ -1,6 +1,6 @@
 """Per-run numbers quoted in small_scale/RESULTS.md's readings, computed from the committed logs.
 
-    python small_scale/log_stats.py [--logs small_scale/logs]
+    python -m small_scale.log_stats [--logs small_scale/logs]
 
 For every run of the seq and ablation experiments, per seed: entropy (mean of the first 5 and of
 the last 5 logged steps), run-mean KL(pi_theta || pi_old) per step (kl_old), run-mean clipped

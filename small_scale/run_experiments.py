@@ -1,12 +1,12 @@
 """Run a small_scale experiment: every (run, seed) of small_scale/configs/<exp>.json through
 rpg_ref.trainer.train, then keep commit-size logs that paper_figs reads. The legacy runner of
-small_scale/logs/; small_scale/study.py runs the same experiments as study files
+small_scale/logs/; small_scale/study/runner.py runs the same experiments as study files
 (small_scale/studies/{bandit,seq,ablation}.json), which paper_figs reads once these logs are gone.
 
-    python small_scale/run_experiments.py --exp bandit            # ~3 min on 2 CPU cores
-    python small_scale/run_experiments.py --exp seq               # every method, 3 seeds
-    python small_scale/run_experiments.py --exp ablation          # sec:ablation
-    python small_scale/run_experiments.py --exp all --workers 2
+    python -m small_scale.run_experiments --exp bandit            # ~3 min on 2 CPU cores
+    python -m small_scale.run_experiments --exp seq               # every method, 3 seeds
+    python -m small_scale.run_experiments --exp ablation          # sec:ablation
+    python -m small_scale.run_experiments --exp all --workers 2
     rpg-figs                                                       # figures + tables from the logs
 
 A config (the one source of truth for an experiment) holds ``common`` trainer flags, ``runs``
@@ -33,10 +33,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from train_flags import flags  # the one dict -> rpg-train flags rule
-
 from paper_figs.training import read_experiment_log
 from rpg_ref import strict_json
+from small_scale.study.train_flags import flags  # the one dict -> rpg-train flags rule
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -229,7 +228,7 @@ def main(argv=None) -> int:
     total = time.perf_counter() - t0
 
     info = {
-        "command": "python small_scale/run_experiments.py "
+        "command": "python -m small_scale.run_experiments "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "wall_time_s": round(total, 1),
         "runs_trained": len(jobs),

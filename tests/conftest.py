@@ -1,16 +1,13 @@
-"""Shared pytest fixtures, the line that says up front which tests will skip here, and
-small_scale/ on the import path (the tests import the benchmarks' shared module, bench_common, and
-the experiment runner)."""
+"""Shared pytest fixtures and the line that says up front which tests will skip here (the
+repository's root, and so small_scale's modules, is on the import path: pyproject.toml's pytest
+pythonpath)."""
 
 import signal
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "small_scale"))
 
 
 @pytest.fixture

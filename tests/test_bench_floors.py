@@ -1,4 +1,4 @@
-"""small_scale/bench_floors.py: its floors compute what they stand in for (the static-KV loop
+"""small_scale/bench/floors.py: its floors compute what they stand in for (the static-KV loop
 samples what the hf engine samples; the GEMM floor counts and replays the matrix products that
 ran), it makes the run a study recorded, refuses bad flags in one line, and runs end to end on a
 tiny run. What it measures is not asserted: timings are its output, not a test's."""
@@ -14,10 +14,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import bench_floors as B  # small_scale/ (on the path: tests/conftest.py)
 from test_hf_engine import EOS, PAD, tiny_qwen3  # tests/ is on sys.path under pytest
 
 from rpg_ref.engines.hf import decode
+from small_scale.bench import floors as B
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
@@ -111,7 +111,8 @@ def test_the_benchmark_runs_end_to_end_on_a_tiny_run(tmp_path, capsys):
     works = {"python start + imports": "`python -c pass`",
              "generation: 4 prompts x 2, 5 new tokens (EOS off)": "static-KV loop",
              "generation: 4 prompts x 2, 8 new tokens (EOS off)": "static-KV loop",
-             "evaluation: 16 prompts, greedy": "static-KV loop",
+             "evaluation: 16 prompts x 1, greedy, up to 5 new tokens (16 sequences), scored":
+             "static-KV loop, the same sequences",
              "log-probs: the batch of 8": "bare HF forward",
              "update: 1 mini-batch of 8": "bare HF loop",
              "update: 1 mini-batch of 8 ": "GEMM floor"}
@@ -121,3 +122,35 @@ def test_the_benchmark_runs_end_to_end_on_a_tiny_run(tmp_path, capsys):
         assert row[0].startswith("| " + work.strip()) and row[2].startswith(floor), row
         ratio = float(row[4].split("x")[0])
         assert math.isfinite(ratio) and ratio > 0
+
+
+@pytest.mark.slow
+def test_the_evaluation_floor_decodes_what_the_task_evaluates(tmp_path, capsys):
+    """The carry task evaluates Mean@k: k sampled responses per held-out problem. Its row names
+    that work (8 problems x 4 at the run's temperature: 32 sequences), and the floor's decode is
+    the same generation, recorded from the task's evaluate (prompts, k, temperature, top-p,
+    token limit)."""
+    argv = ["--task", "carry", "--repeats", "1", "--cache-dir", str(tmp_path / "cache"), "--",
+            "--steps", "1", "--carry-warm-steps", "0", "--carry-eval-size", "8",
+            "--carry-eval-samples", "4", "--prompts-per-step", "2", "--group-size", "2",
+            "--mini-batch-size", "4", "--eval-every", "1", "--carry-max-digits", "1",
+            "--max-new-tokens", "12"]
+    assert B.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| evaluation: ")]
+    assert len(rows) == 1, rows
+    assert rows[0].startswith("| evaluation: 8 prompts x 4, sampled at temperature 1, up to 12 "
+                              "new tokens (32 sequences), scored (the task's evaluate) | "), rows
+    assert "| static-KV loop, the same sequences |" in rows[0]
+
+    class Engine:
+        def generate(self, prompts, n, temperature, top_p, max_new_tokens):
+            return len(prompts) * n
+    engine = Engine()
+    calls = B.generate_calls(engine, lambda: (engine.generate([[1], [2]], 4, 0.7, 0.9, 6),
+                                              engine.generate([[3]], 1, 0.0, 1.0, 5)))
+    assert calls == [([[1], [2]], 4, 0.7, 0.9, 6), ([[3]], 1, 0.0, 1.0, 5)]
+    assert "generate" not in vars(engine)   # the class's own method again
+    assert B.evaluation_work(calls) == ("2 prompts x 4, sampled at temperature 0.7, up to 6 new "
+                                        "tokens; 1 prompts x 1, greedy, up to 5 new tokens "
+                                        "(9 sequences)")

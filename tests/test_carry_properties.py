@@ -1,4 +1,4 @@
-"""small_scale/carry_properties.py: each property's rule on rows built by hand (one where it
+"""small_scale/study/carry_properties.py: each property's rule on rows built by hand (one where it
 holds, one where it does not), and the task's lengths against the closed form 5n + 2 +
 len(a + b)."""
 
@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("scipy")
 
-import carry_properties as P  # small_scale/ (on the path: tests/conftest.py)
-import study_files as S
+import small_scale.study.carry_properties as P
+import small_scale.study.files as S
 
 OUT = {"len_mean": 28.0, "kl_ref_last": 0.01, "len_last": 28.0, "reward_last": 0.3,
        "clip_low_mean": 0.02, "clip_high_mean": 0.03, "clip_dual_mean": 0.01}

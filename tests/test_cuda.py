@@ -1,7 +1,8 @@
 """The hf engine's CUDA path (static KV cache + CUDA-graph decode step): what only a GPU can check.
 
-Skipped without a CUDA GPU; a GPU session runs them first (small_scale/gpu_session.sh tests). On
-a CPU the same code is covered by tests/test_hf_engine.py (inductor's CPU code, no CUDA graphs).
+Skipped without a CUDA GPU; a GPU session runs them first (small_scale/bench/gpu_session.sh
+tests). On a CPU the same code is covered by tests/test_hf_engine.py (inductor's CPU code, no CUDA
+graphs).
 """
 
 from __future__ import annotations

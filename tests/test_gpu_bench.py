@@ -1,24 +1,21 @@
-"""small_scale/gpu_bench.py and small_scale/bench_gpu_vs_trl.py: their arithmetic against
+"""small_scale/bench/gpu.py and small_scale/bench/gpu_vs_trl.py: their arithmetic against
 hand-computed values, the configurations they hand to the trainers, their refusal to run on a
 missing GPU, and their whole pipeline run end to end with --device cpu on a tiny Qwen3 (the GPU
 measurements themselves need a CUDA machine)."""
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
-import bench_common  # small_scale/ is on the path (tests/conftest.py)
 import pytest
 import torch
 
 from rpg_ref.math.data import data_dir
+from small_scale.bench import common as bench_common
+from small_scale.bench import gpu as gb
+from small_scale.bench import gpu_vs_trl as vs
 
 SMALL_SCALE = Path(__file__).resolve().parent.parent / "small_scale"
 
-_spec = importlib.util.spec_from_file_location(
-    "gpu_bench", Path(__file__).resolve().parent.parent / "small_scale" / "gpu_bench.py")
-gb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gb)
 
 
 def test_step_flops_by_hand():
@@ -130,13 +127,8 @@ def test_benchmark_flags_are_a_valid_trainer_config(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------
-# small_scale/bench_gpu_vs_trl.py and the helpers it shares with bench_trainer.py
+# small_scale/bench/gpu_vs_trl.py and the helpers it shares with bench_trainer.py
 # ------------------------------------------------------------------------------------------
-_spec2 = importlib.util.spec_from_file_location(
-    "bench_gpu_vs_trl", SMALL_SCALE / "bench_gpu_vs_trl.py"
-)
-vs = importlib.util.module_from_spec(_spec2)
-_spec2.loader.exec_module(vs)
 SETTINGS = {
     "device": "cuda",
     "model": "qwen3-0.6b",
@@ -289,8 +281,8 @@ def test_gpu_vs_trl_runs_end_to_end_on_cpu(tmp_path, capsys):
     assert all(t > 0 for t in r["ours"]["step_s"] + r["trl"]["step_s"])
 
 
-# small_scale/gpu_session.sh: what it carries to the GPU machine and how it refuses
-SESSION = Path(__file__).resolve().parent.parent / "small_scale" / "gpu_session.sh"
+# small_scale/bench/gpu_session.sh: what it carries to the GPU machine and how it refuses
+SESSION = Path(__file__).resolve().parent.parent / "small_scale" / "bench" / "gpu_session.sh"
 
 
 def _bash_array(name: str) -> set:
@@ -310,7 +302,7 @@ def test_gpu_session_carries_every_runtime_dependency():
 
     import tomllib
 
-    deps = tomllib.loads((SESSION.parent.parent / "pyproject.toml").read_text())["project"][
+    deps = tomllib.loads((SESSION.parents[2] / "pyproject.toml").read_text())["project"][
         "dependencies"]
     names = {re.split(r"[\s=<>!~;\[]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
     missing = names - _bash_array("IMAGE_HAS") - _bash_array("WHEELS")

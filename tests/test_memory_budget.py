@@ -1,19 +1,13 @@
-"""small_scale/memory_budget.py: its parameter count is the real model's, its KV size the
+"""small_scale/bench/memory_budget.py: its parameter count is the real model's, its KV size the
 formula's."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from needs import needs_data
 
 from rpg_ref.math.data import data_dir
-
-_spec = importlib.util.spec_from_file_location(
-    "memory_budget", Path(__file__).resolve().parent.parent / "small_scale" / "memory_budget.py")
-mb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mb)
+from small_scale.bench import memory_budget as mb
 
 
 @needs_data("models")

@@ -418,9 +418,9 @@ def test_training_logs_refuse_inconsistent_or_missing(tmp_path):
     spec = json.loads(lines[0])
     spec["experiment"]["runs"]["ghost"] = {}
     p.write_text(json.dumps(spec) + "\n" + "".join(lines[1:]))
-    with pytest.raises(FileNotFoundError, match=r"study\.py seq"):
+    with pytest.raises(FileNotFoundError, match=r"python -m small_scale\.study seq"):
         training.load_experiment("seq", tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"study\.py bandit"):
+    with pytest.raises(FileNotFoundError, match=r"python -m small_scale\.study bandit"):
         training.load_experiment("bandit", tmp_path)
     p.write_text(p.read_text() + "{not json\n")
     with pytest.raises(ValueError, match="not a JSON object"):
@@ -434,7 +434,7 @@ def test_run_experiments_writes_the_layout_the_figures_read(tmp_path):
     """small_scale/run_experiments.py's writer and paper_figs' reader agree: a log read and written
     back is the same file, byte for byte (runs in the experiment's order, seeds increasing), and a
     run added to it is read back whole."""
-    import run_experiments  # small_scale/ (on the path: tests/conftest.py)
+    from small_scale import run_experiments
 
     write_logs(tmp_path / "a", "seq", ["a", "b"], seeds=(0, 1), steps=4)
     log = run_experiments.read_log(tmp_path / "a" / "seq.jsonl")
@@ -468,7 +468,7 @@ def test_figures_read_a_study_where_there_is_no_legacy_log(logs, tmp_path):
     (tmp_path / "results").mkdir()
     rows = [{"cell": run, "seed": seed, "series": r["metrics"], "summary": r["summary"],
              "outcomes": {"acc": r["metrics"][-1]["accuracy"]}, "cpu_s": 1.0, "wall_s": 1.0,
-             "resumed_from_step": 0}
+             "resumed_from_step": 0, "argv": ["python"], "study_sha256": ""}
             for run, seeds in legacy["runs"].items() for seed, r in seeds.items()]
     (tmp_path / "results" / "ablation.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))

@@ -109,8 +109,8 @@ def test_every_citation_in_the_repository_has_the_papers_number():
     that label (a renumbered paper, or a typo, fails here)."""
     table = PN.load()
     files = [p for pattern in ("rpg_ref/**/*.py", "derivations/**/*.py", "derivations/*.md",
-                               "docs/*.md", "README.md", "small_scale/*.py", "paper_figs/**/*.py",
-                               "notebooks/*.py")
+                               "docs/*.md", "README.md", "small_scale/**/*.py",
+                               "paper_figs/**/*.py", "notebooks/*.py")
              for p in ROOT.glob(pattern)]
     seen, wrong = 0, []
     for path in files:

@@ -1,6 +1,6 @@
-"""small_scale/readings.py: study C's readings recomputed here from the raw rows (not through the
-module), the committed block equal to the generator, and every number of RESULTS.md's hand-written
-study summaries printed in one of its generated blocks."""
+"""small_scale/study/readings.py: study C's readings recomputed here from the raw rows (not
+through the module), the committed block equal to the generator, and every number of
+RESULTS.md's hand-written study summaries printed in one of its generated blocks."""
 
 import json
 import math
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 pytest.importorskip("scipy", reason="the readings need scipy (pip install -e '.[study]')")
-import readings as R  # small_scale/ (on the path: tests/conftest.py)
-import study_files as S
 from scipy import stats
+
+import small_scale.study.files as S
+import small_scale.study.readings as R
 
 
 def raw_rows(study: str) -> list[dict]:

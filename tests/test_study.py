@@ -1,4 +1,4 @@
-"""small_scale/study.py: study files are checked before anything runs, jobs run in the
+"""small_scale/study/runner.py: study files are checked before anything runs, jobs run in the
 pre-registered order with paired seeds, the results file survives a torn write, a killed study
 resumes where it was, and two runners never run one (cell, seed) twice."""
 
@@ -13,9 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-import study as S  # small_scale/ (on the path: tests/conftest.py)
+from study_runs import as_run  # tests/ is on sys.path under pytest
 
-SMALL_SCALE = Path(S.__file__).resolve().parent
+import small_scale.study.files as F
+import small_scale.study.runner as S
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module(name: str, *args) -> list:
+    """The command line of ``python -m small_scale.<name> ARGS``, run from the repository's root
+    (the cwd of every call below)."""
+    return [sys.executable, "-m", f"small_scale.{name}", *args]
 
 
 def write_study(root: Path, name="toy", **over) -> Path:
@@ -40,12 +49,14 @@ def write_study(root: Path, name="toy", **over) -> Path:
 
 
 def cli(root: Path, study: str, *args) -> list:
-    return [sys.executable, str(SMALL_SCALE / "study.py"), study, *args, "--studies",
-            str(root / "studies"), "--results", str(root / "results"), "--runs", str(root / "runs")]
+    """The runner on a study in ``root`` (a folder outside git: --allow-uncommitted)."""
+    return module("study", study, *args, "--studies", str(root / "studies"), "--results",
+                  str(root / "results"), "--runs", str(root / "runs"), "--allow-uncommitted")
 
 
 def run(root, *args, study="toy"):
-    return subprocess.run(cli(root, study, *args), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cli(root, study, *args), capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -80,8 +91,8 @@ def test_seeds_the_exclusion_rule_drops_are_not_run_in_other_cells(tmp_path):
         "outcome": "p_best", "exclude": {"outcome": "p_best", "below": 0.5, "reference_cell": "r"}})
     spec = S.load_study("toy", tmp_path / "studies")
     jobs = S.jobs_of(spec, tmp_path / "runs")
-    rows = [{"cell": "r", "seed": s, "outcomes": {"p_best": v, "reward": 0.5},
-             "resumed_from_step": 0, "cpu_s": 1.0, "wall_s": 1.0}
+    rows = [as_run(spec, {"cell": "r", "seed": s, "outcomes": {"p_best": v, "reward": 0.5},
+                          "resumed_from_step": 0, "cpu_s": 1.0, "wall_s": 1.0})
             for s, v in [(0, 0.1), (1, 0.5)]]   # seed 2: not measured yet
     assert S.skipped_keys(spec, jobs, rows) == {("a", 0), ("b", 0), ("c", 0)}
     results = tmp_path / "results" / "toy.jsonl"
@@ -120,29 +131,29 @@ def test_bad_flags_refused_in_one_line_before_anything_runs(tmp_path):
     assert r.stderr.count("\n") == 1 and "cell 'a'" in r.stderr and "no-such-flag" in r.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "runs" / "toy").exists()
     r = run(tmp_path, study="nope")
-    assert r.returncode == 2 and r.stderr.startswith("study.py: no study 'nope'")
+    assert r.returncode == 2 and r.stderr.startswith("small_scale.study: no study 'nope'")
     assert r.stderr.count("\n") == 1
 
 
 def test_calibrated_values_are_substituted():
     args = {"lr": {"calibrated": "lr", "times": 0.25}, "beta": {"calibrated": "beta"}, "x": 1}
-    assert S.resolve_calibrated(args, {"lr": 4e-4, "beta": 0.1}) == {"lr": 1e-4, "beta": 0.1,
+    assert F.resolve_calibrated(args, {"lr": 4e-4, "beta": 0.1}) == {"lr": 1e-4, "beta": 0.1,
                                                                      "x": 1}
     with pytest.raises(S.StudyError, match="not chosen yet"):
-        S.resolve_calibrated(args, None)
+        F.resolve_calibrated(args, None)
     with pytest.raises(S.StudyError, match="calibrated"):
-        S.resolve_calibrated({"lr": {"value": 1}}, {})
+        F.resolve_calibrated({"lr": {"value": 1}}, {})
 
 
 def test_calibrated_items_of_a_list_flag_are_substituted():
     """--clip eps_low eps_high c with calibrated items: each dict item replaced, the rest kept;
     the study then needs its calibration."""
     args = {"clip": [{"calibrated": "eps"}, {"calibrated": "eps", "times": 1.4}, 3.0]}
-    assert S.resolve_calibrated(args, {"eps": 0.1}) == {"clip": [0.1, 0.14, 3.0]}
+    assert F.resolve_calibrated(args, {"eps": 0.1}) == {"clip": [0.1, 0.14, 3.0]}
     with pytest.raises(S.StudyError, match="--clip needs the calibration's 'eps'"):
-        S.resolve_calibrated(args, {})
-    assert S.needs_calibration({"common": args, "cells": {"a": {}}})
-    assert not S.needs_calibration({"common": {"clip": [0.2, 0.28, 3.0]}, "cells": {"a": {}}})
+        F.resolve_calibrated(args, {})
+    assert F.needs_calibration({"common": args, "cells": {"a": {}}})
+    assert not F.needs_calibration({"common": {"clip": [0.2, 0.28, 3.0]}, "cells": {"a": {}}})
 
 
 def test_outcomes_and_series():
@@ -235,7 +246,7 @@ def runner_at_its_first_checkpoint(tmp_path) -> tuple:
     plain = run(tmp_path, study="plain")
     assert plain.returncode == 0, plain.stderr
     p = subprocess.Popen(cli(tmp_path, "kill"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, cwd=ROOT)
     latest = tmp_path / "runs" / "kill" / "a" / "s0" / "checkpoints" / "LATEST"
     deadline = time.time() + 240
     while not latest.exists() and time.time() < deadline:
@@ -273,7 +284,7 @@ def test_two_runners_never_run_a_job_twice(tmp_path):
     them (one command line per job in its log, one row per job)."""
     write_study(tmp_path)
     ps = [subprocess.Popen(cli(tmp_path, "toy"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True) for _ in range(2)]
+                           text=True, cwd=ROOT) for _ in range(2)]
     for p in ps:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -317,23 +328,27 @@ def test_a_run_folder_of_other_flags_is_refused(tmp_path):
 
 
 def test_rerun_replays_committed_rows_and_names_what_differs(tmp_path):
-    """small_scale/rerun.py runs a committed row's own command again: identical outcomes on this
-    machine (exit 0); a committed value edited by hand is named with both values (exit 1); a row
-    that is not committed is one line (exit 2)."""
+    """python -m small_scale.study.rerun runs a committed row's own command again: identical
+    outcomes on this machine (exit 0); a committed value edited by hand is named with both values
+    (exit 1); a row that is not committed is one line (exit 2)."""
     write_study(tmp_path, seeds=1, cells={"a": {"args": {"algo": "rpg-urkl"}}})
     assert run(tmp_path).returncode == 0
-    rerun = [sys.executable, str(SMALL_SCALE / "rerun.py"), "toy", "--studies",
+    rerun = [*module("study.rerun"), "toy", "--studies",
              str(tmp_path / "studies"), "--results", str(tmp_path / "results")]
-    r = subprocess.run([*rerun, "--runs", "1"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*rerun, "--runs", "1"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
     assert r.returncode == 0 and "a s0: identical" in r.stdout, r.stdout + r.stderr
     path = tmp_path / "results" / "toy.jsonl"
     row = json.loads(path.read_text())
     row["outcomes"]["reward"] += 0.5
     path.write_text(json.dumps(row) + "\n")
-    r = subprocess.run([*rerun, "--pick", "a:0"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*rerun, "--pick", "a:0"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
     assert r.returncode == 1 and f"reward {row['outcomes']['reward']} -> " in r.stdout, r.stdout
-    r = subprocess.run([*rerun, "--pick", "a:7"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2 and r.stderr.startswith("rerun.py: no committed rows ['a:7']")
+    r = subprocess.run([*rerun, "--pick", "a:7"], capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.startswith(
+        "small_scale.study.rerun: no committed rows ['a:7']")
 
 
 def test_committed_study_files_are_consistent(tmp_path):
@@ -342,7 +357,7 @@ def test_committed_study_files_are_consistent(tmp_path):
     a study reads are choices of the calibration it names; the bandit study's flags pass
     rpg-train's own parser (the seq and carry studies use --init-seed, checked by study.py before
     a run)."""
-    import analysis as A
+    import small_scale.study.analysis as A
     names = sorted(p.stem for p in S.STUDIES.glob("*.json"))
     assert names == ["A", "B", "C", "D", "D-calibration", "ablation", "bandit", "calibration",
                      "carry-calibration", "seq", "smollm2-calibration"]
@@ -408,16 +423,16 @@ def test_without_the_study_extra_the_runner_works_and_the_analysis_says_what_to_
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     for flag in ("--status", "--dry-run"):
-        r = subprocess.run([sys.executable, str(SMALL_SCALE / "study.py"), "A", flag], env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(module("study", "A", flag), env=env, capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         done = r"^A: \d+/\d+ runs done|^\d+ of \d+ runs pending$"
         assert re.search(done, r.stdout, re.M), r.stdout
-    r = subprocess.run([sys.executable, str(SMALL_SCALE / "analysis.py"), "--all", "--check"],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(module("study.analysis", "--all", "--check"), env=env,
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 2 and r.stdout == "", r
-    assert r.stderr == ("analysis.py: matplotlib is not installed: pip install -e '.[study]' (the "
-                        "study extra: scipy, matplotlib)\n"), r.stderr
+    assert r.stderr == ("small_scale.study.analysis: matplotlib is not installed: pip install -e "
+                        "'.[study]' (the study extra: scipy, matplotlib)\n"), r.stderr
 
 
 @pytest.mark.slow

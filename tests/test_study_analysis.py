@@ -1,5 +1,5 @@
-"""small_scale/analysis.py: the statistics against hand-worked values and closed forms, a planted
-effect found, the false-positive rate under a null, and RESULTS.md's generated blocks."""
+"""small_scale/study/analysis.py: the statistics against hand-worked values and closed forms, a
+planted effect found, the false-positive rate under a null, and RESULTS.md's generated blocks."""
 
 import math
 
@@ -8,9 +8,11 @@ import pytest
 
 pytest.importorskip("scipy", reason="the study analysis needs scipy (pip install -e '.[study]')")
 
-import analysis as A  # small_scale/ (on the path: tests/conftest.py)
-import study_files as S
-from study import append_row
+from study_runs import as_run  # tests/ is on sys.path under pytest
+
+import small_scale.study.analysis as A
+import small_scale.study.files as S
+from small_scale.study.runner import append_row
 
 
 def test_holm_hand_worked():
@@ -230,6 +232,10 @@ CAL = {"name": "calibration", "cells": {f"{k}-{v}": {"seeds": 4} for k in ("on",
                    for v in ("0.0001", "0.0002", "0.0004")}}}}}
 
 
+# what a row must carry beside its outcomes (paper_figs/study_rows.py), where no test reads it
+NO_RECORD = {"series": [], "summary": {}, "argv": ["python"], "study_sha256": ""}
+
+
 def cal_rows(cost: dict, floored: dict) -> list:
     rows = []
     for v, c in cost.items():
@@ -237,7 +243,7 @@ def cal_rows(cost: dict, floored: dict) -> list:
             off = 0.0 if s < floored.get(v, 0) else 0.5 * (1 - c)
             for cell, acc in ((f"on-{v}", 0.5), (f"off-{v}", off)):
                 rows.append({"cell": cell, "seed": s, "outcomes": {"acc": acc}, "cpu_s": 1.0,
-                             "wall_s": 1.0, "resumed_from_step": 0})
+                             "wall_s": 1.0, "resumed_from_step": 0, **NO_RECORD})
     return rows
 
 
@@ -285,7 +291,7 @@ def gain_job_spec(first_seed: int = 100) -> dict:
 def gain_job_rows(values: dict, first_seed: int = 100) -> list:
     """values: {cell: (v_s0, v_s1, v_s2)} for seeds first_seed..first_seed + 2."""
     return [{"cell": c, "seed": first_seed + i, "outcomes": {"acc": v}, "cpu_s": 1.0,
-             "wall_s": 1.0, "resumed_from_step": 0}
+             "wall_s": 1.0, "resumed_from_step": 0, **NO_RECORD}
             for c, vs in values.items() for i, v in enumerate(vs)]
 
 
@@ -379,12 +385,13 @@ def test_results_md_blocks_are_replaced_whole():
 
 def test_results_md_equals_the_generator_on_the_committed_results():
     """Every number RESULTS.md shows for a study is the generator's output on the committed
-    results files (small_scale/results/*.jsonl): rerun python small_scale/analysis.py --all."""
+    results files (small_scale/results/*.jsonl): rerun python -m small_scale.study.analysis
+    --all."""
     text = A.RESULTS_MD.read_text()
     blocks = A.generated()
     for study in blocks:
         assert A.begin(study) in text, f"RESULTS.md has no generated block for study {study}"
-    assert A.fill_blocks(text, blocks) == text, "run: python small_scale/analysis.py --all"
+    assert A.fill_blocks(text, blocks) == text, "run: python -m small_scale.study.analysis --all"
 
 
 def test_all_writes_reports_figures_and_results_md_blocks(tmp_path):
@@ -402,7 +409,7 @@ def test_all_writes_reports_figures_and_results_md_blocks(tmp_path):
     (studies / "syn.json").write_text(json.dumps(spec))
     rng = np.random.default_rng(5)
     for r in synthetic_rows({"on-a": 0.0, "on-b": 0.0, "off-a": -0.1, "off-b": -0.2}, 20, rng):
-        append_row(S.results_path("syn", results), r)
+        append_row(S.results_path("syn", results), as_run(S.load_study("syn", studies), r))
     md = tmp_path / "RESULTS.md"
     md.write_text(f"# r\n{A.begin('syn')}\n{A.end('syn')}\ntail\n")
     args = ["--all", "--results", str(results), "--studies", str(studies), "--out",

@@ -12,20 +12,26 @@ import pytest
 
 pytest.importorskip("scipy", reason="the study analysis needs scipy (pip install -e '.[study]')")
 
-import analysis as A  # small_scale/ (on the path: tests/conftest.py)
-import study
-import study_files as S
 
+import small_scale.study.analysis as A
+import small_scale.study.files as S
+import small_scale.study.runner as study
 from paper_figs.training import load_study as figures_study
 
 
 def copy_of_a(tmp_path: Path) -> tuple[Path, list]:
-    """tmp/studies/A.json, tmp/results/A.jsonl and tmp/RESULTS.md, copies of the committed ones;
+    """tmp/studies/A.json, tmp/results/A.jsonl, copies of the committed ones (with the calibration
+    study whose choices A's arguments read), and tmp/RESULTS.md with their two generated blocks;
     the results' lines."""
     (tmp_path / "studies").mkdir()
     (tmp_path / "results").mkdir()
-    shutil.copy(S.STUDIES / "A.json", tmp_path / "studies" / "A.json")
-    shutil.copy(A.RESULTS_MD, tmp_path / "RESULTS.md")
+    for name in ("A", "calibration"):
+        shutil.copy(S.STUDIES / f"{name}.json", tmp_path / "studies" / f"{name}.json")
+    shutil.copy(S.RESULTS / "calibration.jsonl", tmp_path / "results" / "calibration.jsonl")
+    text = A.RESULTS_MD.read_text()
+    (tmp_path / "RESULTS.md").write_text("".join(
+        text[text.index(A.begin(name)):text.index(A.end(name)) + len(A.end(name))] + "\n"
+        for name in ("A", "calibration")))
     lines = (S.RESULTS / "A.jsonl").read_text().splitlines(keepends=True)
     row = json.loads(lines[2])
     assert (row["cell"], row["seed"]) == ("dapo-u1", 0)
@@ -51,6 +57,8 @@ def edited(row: dict, how: str) -> str:
         out["cell"] = "dapo-u2"
     elif how == "cpu":
         out["cpu_s"] = "nan"
+    elif how == "series":
+        del out["series"]
     return json.dumps(out) + "\n"
 
 
@@ -62,6 +70,7 @@ BAD = {  # how line 3 is edited -> (line named, what the message says of it)
     "seed": (3, "seed 999 of cell 'dapo-u1' is not planned (the study file plans seeds 0-33)"),
     "cell": (3, "cell 'dapo-u2' is not a cell of study A"),
     "cpu": (3, "cpu_s is nan, not a finite number >= 0"),
+    "series": (3, "series is missing or not a list (the run's metrics rows the figures read)"),
     "duplicate": (659, "cell 'dapo-u1' seed 0 again (first at line 3)"),
 }
 
@@ -78,17 +87,19 @@ def test_a_bad_row_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsy
     md_before = (root / "RESULTS.md").read_bytes()
     line, what = BAD[how]
     want = re.compile(rf"{re.escape(str(results))}:{line}: {re.escape(what)}; fix or remove "
-                      rf"that line \(a removed row's run is done again by small_scale/study.py\)")
+                      rf"that line \(a removed row's run is done again by python -m "
+                      rf"small_scale.study\)")
     common = ["--results", str(root / "results"), "--studies", str(root / "studies")]
     assert A.main(["--all", *common, "--out", str(root / "out"),
                    "--results-md", str(root / "RESULTS.md")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and want.fullmatch(err.strip().removeprefix(
-        "analysis.py: ")), err
+        "small_scale.study.analysis: ")), err
     assert (root / "RESULTS.md").read_bytes() == md_before and not (root / "out").exists()
-    for prog, argv in (("analysis.py", ["A", *common]),
-                       ("study.py", ["A", "--status", *common, "--runs", str(root / "runs")])):
-        assert (A.main if prog == "analysis.py" else study.main)(argv) == 2
+    for prog, argv in (("small_scale.study.analysis", ["A", *common]),
+                       ("small_scale.study", ["A", "--status", *common, "--runs",
+                                              str(root / "runs")])):
+        assert (A.main if prog.endswith("analysis") else study.main)(argv) == 2
         out = capsys.readouterr()
         assert out.out == "" and want.fullmatch(out.err.strip().removeprefix(f"{prog}: ")), out
     with pytest.raises(ValueError, match=re.escape(what)):
@@ -128,11 +139,11 @@ def test_a_torn_last_line_is_reported_and_the_runner_says_it_cuts_it_off(tmp_pat
                    str(root / "studies"), "--results-md", str(root / "RESULTS.md")]) == 0
     err = capsys.readouterr().err
     assert err.splitlines() == [f"note: {results}:{len(lines) + 1}: the last line is cut short (a "
-                                "write stopped by a kill, or one in progress): left out; study.py "
-                                "cuts it off before its next row (a run without its row is run "
-                                "again)"], err
+                                "write stopped by a kill, or one in progress): left out; the "
+                                "runner cuts it off before its next row (a run without its row is "
+                                "run again)"], err
     study.append_row(results, json.loads(lines[5]) | {"seed": 33, "cell": "urkl-clip-lag8"})
     err = capsys.readouterr().err
-    assert err.startswith(f"study.py: {results}:{len(lines) + 1}: cut off a torn last line (40 "
-                          "bytes, a write stopped by a kill)"), err
+    assert err.startswith(f"small_scale.study: {results}:{len(lines) + 1}: cut off a torn last "
+                          "line (40 bytes, a write stopped by a kill)"), err
     assert results.read_text().count("\n") == len(lines) + 1

@@ -1,4 +1,4 @@
-"""small_scale/study_worker.py: a study job run in a fork of a persistent worker gives the same
+"""small_scale/study/worker.py: a study job run in a fork of a persistent worker gives the same
 run, bit for bit, as the fresh ``python -m rpg_ref.cli`` process it replaces: the same metrics
 rows (the machine's measurements aside: seconds, throughput, peak memory) and the same final
 model.safetensors. The worker's second job is
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="the seq task's Qwen3 (the llm extra)")
 
-from study_worker import Worker  # small_scale/ (on the path: tests/conftest.py)
+from small_scale.study.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 

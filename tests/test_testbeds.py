@@ -1,4 +1,4 @@
-"""small_scale/testbeds.json and its block of RESULTS.md: every contrast it names is one its
+"""small_scale/study/testbeds.json and its block of RESULTS.md: every contrast it names is one its
 study pre-registered, and the last column says "replicated" only where both testbeds ran the claim
 on every planned seed and found a difference of the same sign."""
 
@@ -9,17 +9,17 @@ import json
 import pytest
 
 pytest.importorskip("scipy")
-import analysis as A  # small_scale/ (on the path: tests/conftest.py)
-import study_files as S
+import small_scale.study.analysis as A
+import small_scale.study.files as S
 
 
 def test_every_contrast_named_is_one_its_study_registered():
-    """Each row's seq and carry entries name a contrast of the study file they cite (primary or
-    secondary), or say why the testbed cannot express the claim."""
-    rows = json.loads(A.TESTBEDS.read_text())["rows"]
-    assert rows
-    for row in rows:
-        for side in ("seq", "carry"):
+    """Each row's entry for each testbed names a contrast of the study file it cites (primary or
+    secondary), or says why the testbed cannot express the claim."""
+    testbeds = json.loads(A.TESTBEDS.read_text())
+    assert testbeds["rows"] and len(testbeds["testbeds"]) >= 2
+    for row in testbeds["rows"]:
+        for side in testbeds["testbeds"]:
             entry = row[side]
             if "why" in entry:
                 assert entry["why"].strip()
@@ -56,9 +56,36 @@ def test_agreement_reads_replicated_only_where_both_agree(seq, carry, want):
 def test_a_contrast_the_study_does_not_have_is_one_clear_error(tmp_path):
     """A row naming a contrast its study lacks stops the analysis with the file and the name."""
     bad = tmp_path / "testbeds.json"
-    bad.write_text(json.dumps({"rows": [{"claim": "c", "seq": {"why": "w"},
+    bad.write_text(json.dumps({"testbeds": {"seq": "s", "carry": "c"},
+                               "rows": [{"claim": "c", "seq": {"why": "w"},
                                          "carry": {"study": "Z", "contrast": "no such"}}]}))
     studies = {"Z": {"primary": [], "secondary": [], "cells": {}}}
     with pytest.raises(S.StudyError, match="study Z has no contrast 'no such'"):
         A.two_testbeds_report(studies, bad)
     assert A.two_testbeds_report({}, bad) is None  # Z has no results here: no table
+
+
+def test_a_third_testbed_is_an_entry_in_the_file_not_code(tmp_path):
+    """A testbeds file naming three testbeds gives a table with three columns and an agreement
+    over all three: replicated where the three agree, differ where one does not."""
+    def result(name, verdict, mean):
+        return {"name": name, "verdict": verdict, "mean": mean, "lo": mean - 0.01,
+                "hi": mean + 0.01, "n": 20, "final": True}
+    studies = {s: {"primary": [result("up", A.SUPPORTED, 0.1),
+                               result("mixed", A.SUPPORTED if s != "Z" else "no difference", 0.1)],
+                   "secondary": []} for s in ("X", "Y", "Z")}
+    spec = {"testbeds": {"one": "task one (X)", "two": "task two (Y)", "three": "task three (Z)"},
+            "rows": [{"claim": f"claim {c}", **{bed: {"study": s, "contrast": c}
+                                                for bed, s in (("one", "X"), ("two", "Y"),
+                                                               ("three", "Z"))}}
+                     for c in ("up", "mixed")]}
+    path = tmp_path / "testbeds.json"
+    path.write_text(json.dumps(spec))
+    lines = A.two_testbeds_report(studies, path).splitlines()
+    assert lines[0] == "| claim | task one (X) | task two (Y) | task three (Z) | all |"
+    assert lines[2].startswith("| claim up | X: +0.100") and lines[2].endswith("| **replicated** |")
+    assert lines[3].endswith("| differ |")
+    spec["rows"][0].pop("three")
+    path.write_text(json.dumps(spec))
+    with pytest.raises(S.StudyError, match=r"the row 'claim up' has no entry for \['three'\]"):
+        A.two_testbeds_report(studies, path)

@@ -1,10 +1,10 @@
 """GPU benchmark of `rpg-train --task math`: Qwen3-0.6B / 1.7B / 4B with the HF engine.
 
     # quick: the three models, writes small_scale/results/gpu.json
-    python small_scale/gpu_bench.py
-    python small_scale/gpu_bench.py --mode full           # 2,048-token responses, one more step
-    python small_scale/gpu_bench.py --models qwen3-4b --max-new-tokens 8192 --mode full
-    python small_scale/gpu_bench.py --device cpu          # no GPU: the whole pipeline, tiny model
+    python -m small_scale.bench.gpu
+    python -m small_scale.bench.gpu --mode full           # 2,048-token responses, one more step
+    python -m small_scale.bench.gpu --models qwen3-4b --max-new-tokens 8192 --mode full
+    python -m small_scale.bench.gpu --device cpu          # no GPU: the whole pipeline, tiny model
 
 Needs a CUDA GPU for what it is for (without one it stops with one line, exit code 2). With
 --device cpu it runs the same pipeline on the CPU (default model qwen3-tiny, the smoke settings,
@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import (
+from small_scale.bench.common import (
     DEVICES,
     SHARED_MODELS,
     TINY,
@@ -68,9 +68,9 @@ from bench_common import (
     missing_device,
     model_config,
 )
-from train_flags import flags
+from small_scale.study.train_flags import flags
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODES = {
     "quick": {"steps": 2, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 512},
     "full": {"steps": 3, "prompts": 4, "group": 8, "updates": 2, "max_new_tokens": 2048},
@@ -261,7 +261,8 @@ def main(argv: list | None = None) -> int:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             cmd = [
                 sys.executable,
-                __file__,
+                "-m",
+                __spec__.name,
                 *(argv if argv is not None else sys.argv[1:]),
                 "--one",
                 name,
@@ -285,7 +286,7 @@ def main(argv: list | None = None) -> int:
     import transformers
 
     payload = {
-        "command": "python small_scale/gpu_bench.py "
+        "command": "python -m small_scale.bench.gpu "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "train_argv_example": train_argv(args.models[0], args, Path("OUT"), Path("CONFIG.json")),
         "device": device_name(args.device),

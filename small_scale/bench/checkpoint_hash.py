@@ -14,7 +14,7 @@ with safetensors, AdamW state twice their size with torch.save, and the manifest
 and prints the median of each, their ratios, and sha256 of one thread on the largest file; also
 the whole save_checkpoint (--repeat saves) and the part of it that writes the manifest.
 
-    python small_scale/bench_checkpoint_hash.py [--gib 1] [--repeat 3] [--dir /tmp]
+    python -m small_scale.bench.checkpoint_hash [--gib 1] [--repeat 3] [--dir /tmp]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The carry task's properties as a testbed, measured: from the task's definition and from the
 committed rows of study C (small_scale/results/C.jsonl) and its calibration.
 
-    python small_scale/carry_properties.py            # the table (markdown), docs/carry_task.md
-    python small_scale/carry_properties.py --json     # the same numbers, machine-readable
-    python small_scale/carry_properties.py --write    # the table into docs/carry_task.md
+    python -m small_scale.study.carry_properties          # the table (markdown), docs/carry_task.md
+    python -m small_scale.study.carry_properties --json   # the same numbers, machine-readable
+    python -m small_scale.study.carry_properties --write  # the table into docs/carry_task.md
 
 Each property has the requirement it is held to and what was measured; "holds" is yes or no
 (n/a while the rows it needs are missing). The rules, in the order of the table:
@@ -35,9 +35,10 @@ import statistics
 import sys
 import types
 
-import analysis as A
 import numpy as np
-import study_files as S
+
+import small_scale.study.analysis as A
+import small_scale.study.files as S
 
 STUDY, ON_POLICY, BETA0, REF = "C", "urkl-u1", "urkl-b0-u1", "warm-start"
 KL_JOB = "urkl-u1 - urkl-b0-u1"
@@ -171,7 +172,7 @@ def measure(results=S.RESULTS, studies=S.STUDIES) -> list[dict]:
 
 DOC = S.ROOT / "docs" / "carry_task.md"
 DOC_NAME = "docs/carry_task.md"
-BEGIN = "<!-- generated: python small_scale/carry_properties.py --write -->"
+BEGIN = "<!-- generated: python -m small_scale.study.carry_properties --write -->"
 END = "<!-- end generated (carry properties) -->"
 
 
@@ -184,7 +185,8 @@ def table(props: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="carry_properties.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m small_scale.study.carry_properties",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--write", action="store_true", help=f"write the table into {DOC_NAME}")
     ap.add_argument("--check", action="store_true",
@@ -195,21 +197,21 @@ def main(argv=None) -> int:
     try:
         props = measure(a.results, a.studies)
     except S.StudyError as e:
-        print(f"carry_properties.py: {e}", file=sys.stderr)
+        print(f"small_scale.study.carry_properties: {e}", file=sys.stderr)
         return 2
     if not (a.write or a.check):
         print(json.dumps(props, indent=1) if a.json else table(props), end="")
         return 0
     text = DOC.read_text()
     if BEGIN not in text or END not in text:
-        print(f"carry_properties.py: {DOC_NAME} has no block to fill ({BEGIN} ... {END})",
-              file=sys.stderr)
+        print(f"small_scale.study.carry_properties: {DOC_NAME} has no block to fill ({BEGIN} ... "
+              f"{END})", file=sys.stderr)
         return 2
     new = A.between(text, BEGIN, END, table(props))
     if a.check:
         if new != text:
-            print(f"carry_properties.py: {DOC_NAME}'s table differs from the rows; run: "
-                  "python small_scale/carry_properties.py --write", file=sys.stderr)
+            print(f"small_scale.study.carry_properties: {DOC_NAME}'s table differs from the rows; "
+                  "run: python -m small_scale.study.carry_properties --write", file=sys.stderr)
             return 1
         return 0
     if new != text:

@@ -1,6 +1,6 @@
 """The loss's share of a training step: measured on this CPU in one run, on a GPU by arithmetic.
 
-    python small_scale/bench_loss_share.py [--B 2 --P 64 --T 256 --repeats 2] [--skip-0.6b]
+    python -m small_scale.bench.loss_share [--B 2 --P 64 --T 256 --repeats 2] [--skip-0.6b]
 
 (a) The seq default (``rpg-train`` with no flags: a 0.3M-parameter Qwen3, 16 prompts x 8
     responses, rpg-reinforce-urkl), trained in this process. Every call of the loss is timed where
@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import device_name, model_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rpg_ref.core.losses as L
+from small_scale.bench.common import device_name, model_config
 
 ALGO = "rpg-reinforce-urkl"      # the default run's loss
 BETA, CLIP = 1e-3, (0.2, 0.28, 10.0)
@@ -195,7 +195,7 @@ def main() -> None:
     needed = {name for name, _, _ in GPU_CASES} | (set() if args.skip else {"qwen3-0.6b"})
     missing = sorted(str(p) for p in (model_config(n, Path()) for n in needed) if not p.is_file())
     if missing:  # before any work: (b) and (c) read the shared models' configs
-        print(f"bench_loss_share.py: model configs not found: {', '.join(missing)}; set "
+        print(f"small_scale.bench.loss_share: model configs not found: {', '.join(missing)}; set "
               f"RPG_DATA_DIR to the shared data folder (../shared/data beside a clone)",
               file=sys.stderr)
         sys.exit(2)

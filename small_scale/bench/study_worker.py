@@ -1,9 +1,9 @@
 """Benchmark: one study job in a fresh ``python -m rpg_ref.cli`` process (one process per job,
-its imports included) against the same job in a fork of a persistent worker (study_worker.py:
-torch and transformers imported once), in one run on this machine.
+its imports included) against the same job in a fork of a persistent worker
+(small_scale/study/worker.py: torch and transformers imported once), in one run on this machine.
 
-    python small_scale/bench_study_worker.py                 # study A's urkl-clip-u1, seed 1
-    python small_scale/bench_study_worker.py --repeats 5 --cell dapo-u16 --seed 3
+    python -m small_scale.bench.study_worker                 # study A's urkl-clip-u1, seed 1
+    python -m small_scale.bench.study_worker --repeats 5 --cell dapo-u16 --seed 3
 
 The job is the committed study A's (its flags, the calibrated lr: a 40-step seq run with 1,024
 held-out problems every 5 steps, one thread), its warm start cached by a first run, as a study's
@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from study import jobs_of
-from study_files import ROOT, calibrated_values, load_study
-from study_worker import Worker
+from small_scale.study.files import ROOT, calibrated_values, load_study
+from small_scale.study.runner import jobs_of
+from small_scale.study.worker import Worker
 
 
 def outputs(run: Path) -> tuple[list, str]:

@@ -1,8 +1,8 @@
 """Benchmark on one GPU: rpg-train (math task, HF engine) vs TRL's GRPOTrainer, the same settings.
 
-    python small_scale/bench_gpu_vs_trl.py                # Qwen3-0.6B, 4 prompts x 8, 256 tokens
-    python small_scale/bench_gpu_vs_trl.py --model qwen3-1.7b --max-new-tokens 1024 --steps 4
-    python small_scale/bench_gpu_vs_trl.py --device cpu   # no GPU: the pipeline, tiny model
+    python -m small_scale.bench.gpu_vs_trl                # Qwen3-0.6B, 4 prompts x 8, 256 tokens
+    python -m small_scale.bench.gpu_vs_trl --model qwen3-1.7b --max-new-tokens 1024 --steps 4
+    python -m small_scale.bench.gpu_vs_trl --device cpu   # no GPU: the pipeline, tiny model
 
 Not a test: it prints a table of ratios measured in one run. Needs a CUDA GPU and the bench extra
 (``pip install 'rpg-ref[bench]'``: trl, psutil); without them it stops with one line (exit 2).
@@ -38,7 +38,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench_common import (
+from small_scale.bench.common import (
     DEVICES,
     SHARED_MODELS,
     TINY,
@@ -52,9 +52,9 @@ from bench_common import (
     run_worker,
     step_timer,
 )
-from train_flags import flags
+from small_scale.study.train_flags import flags
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # what the command line leaves out, by device
 DEFAULTS = {"cuda": {"model": "qwen3-0.6b", "prompts": 4, "group": 8, "updates": 2,
                      "max_new_tokens": 256, "steps": 4},
@@ -241,7 +241,7 @@ def main(argv: list | None = None) -> int:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     passed = argv if argv is not None else sys.argv[1:]
     for w in ("ours", "trl"):
-        run_worker(__file__, [*passed, "--_worker", w], env, w)
+        run_worker(__spec__.name, [*passed, "--_worker", w], env, w)
     ours, trl_ = (json.loads((out / f"{w}.json").read_text()) for w in ("ours", "trl"))
     r = compare(ours, trl_)
     device = device_name(a.device)
@@ -258,7 +258,7 @@ def main(argv: list | None = None) -> int:
     (out / "result.json").write_text(
         json.dumps(
             {
-                "command": "python small_scale/bench_gpu_vs_trl.py " + " ".join(passed),
+                "command": "python -m small_scale.bench.gpu_vs_trl " + " ".join(passed),
                 "settings": s,
                 "device": device,
                 **r,

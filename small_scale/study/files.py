@@ -1,8 +1,8 @@
 """A study's files and the pre-registered rules the runner itself applies: the study file
 (small_scale/studies/<study>.json, checked), its results rows (small_scale/results/<study>.jsonl,
 checked against it: paper_figs/study_rows.py), which seeds the warm-start rule excludes, and the
-values the calibration study chose. study.py (the runner) and analysis.py (the statistics) both
-read these; nothing here needs scipy or matplotlib.
+values the calibration study chose. The runner and the statistics (analysis.py) both read these;
+nothing here needs scipy or matplotlib.
 """
 
 from __future__ import annotations
@@ -10,19 +10,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import numpy as np
 
-from paper_figs.study_rows import read_study_rows, row_problem
+from paper_figs.study_rows import read_study_rows, row_problem, shown
+from small_scale.study.train_flags import flags
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent   # small_scale/
 ROOT = HERE.parent
 STUDIES = HERE / "studies"
 RESULTS = HERE / "results"
+TESTBEDS = HERE / "study" / "testbeds.json"   # the claims compared across testbeds
 SPEC_KEYS = {"description", "claims", "budget", "common", "seeds", "first_seed", "calibration",
              "seed_flags", "cells",
-             "outcomes", "series", "analysis", "groups"}
+             "outcomes", "series", "analysis", "groups", "earlier_versions"}
 CELL_KEYS = {"label", "role", "seeds", "args", "est_cpu_s"}
 ROLES = ("primary", "secondary", "reference")
 RESERVED = {"seed", "init_seed", "out", "resume", "cache_dir", "threads", "progress"}
@@ -84,7 +87,13 @@ def load_study(name: str, studies=STUDIES) -> dict:
             raise StudyError(f"{path}: outcome {o!r} needs a key and a reduce in {REDUCERS}")
     if set(spec["seed_flags"]) - {"seed", "init_seed"}:
         raise StudyError(f"{path}: seed_flags may hold 'seed' and 'init_seed' only")
+    versions = spec.setdefault("earlier_versions", {})
+    if not isinstance(versions, dict) or not all(
+            isinstance(v, str) and v.strip() for v in versions.values()):
+        raise StudyError(f"{path}: earlier_versions maps a version's sha256 to the reason its "
+                         f"rows still count (a sentence)")
     spec["name"] = name
+    spec["path"] = str(path)
     spec["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     return spec
 
@@ -169,7 +178,7 @@ def select(spec: dict, rows: list[dict]) -> dict:
     "clip-binds" (several names at once, as gain-and-job): RL still improves on-policy and the
       clip binds off-policy; the first eligible candidate in the file's order (clip_binds).
     Complete: every cell of the study has all its planned seeds but those of the study's
-    ``exclude`` rule, which do not count in any score (study.py does not run them)."""
+    ``exclude`` rule, which do not count in any score (the runner does not run them)."""
     done = {(r["cell"], r["seed"]) for r in rows}
     dropped = excluded_seeds(rows, spec["analysis"].get("exclude"))
     complete = all((c, s) in done for c in spec["cells"]
@@ -270,7 +279,7 @@ def clip_binds(rule: dict, rows: list[dict]) -> dict:
 
 
 def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibration") -> dict:
-    """{name: value} the calibration study ``study`` chose (study.py substitutes them into the
+    """{name: value} the calibration study ``study`` chose (the runner substitutes them into the
     studies whose "calibration" names it); a StudyError while it is incomplete or chose
     nothing."""
     spec = load_study(study, studies)
@@ -279,10 +288,191 @@ def calibrated_values(results=RESULTS, studies=STUDIES, study: str = "calibratio
     for name, s in select(spec, rows).items():
         if not s["complete"]:
             raise StudyError(f"the calibration study {study} is not complete ({len(rows)} runs); "
-                             f"finish it first: python small_scale/study.py {study}")
+                             f"finish it first: python -m small_scale.study {study}")
         if s["choice"] is None:
             raise StudyError(f"the calibration chose no {name}: no candidate met its rule; "
                              f"extend the grid in small_scale/studies/{study}.json")
         names, choice = name.split(","), s["choice"]
         got.update(zip(names, choice if isinstance(choice, tuple) else (choice,)))
     return got
+
+
+# ----------------------------------------------------------------------------------------------
+# the rows' provenance: run under this study file, with its arguments
+# ----------------------------------------------------------------------------------------------
+
+COMMAND = ["python", "-m", "rpg_ref.cli"]   # how a row's argv starts
+PLACES = ("--out", "--cache-dir")           # where a run writes (--runs): not what it runs
+RUNNER_FLAGS = ["--threads", "1", "--no-progress"]   # what the runner adds to every run
+
+
+def resolve_calibrated(args: dict, values: dict | None) -> dict:
+    """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F (a flag's value, or one
+    item of a list value such as --clip's)."""
+    def one(k, v):
+        if not isinstance(v, dict):
+            return v
+        if set(v) - {"calibrated", "times"} or "calibrated" not in v:
+            raise StudyError(f"--{k.replace('_', '-')}: a dict value must be "
+                             f'{{"calibrated": NAME, "times": F}}, got {v}')
+        if values is None or v["calibrated"] not in values:
+            raise StudyError(f"--{k.replace('_', '-')} needs the calibration's "
+                             f"{v['calibrated']!r}, which is not chosen yet")
+        return float(f"{values[v['calibrated']] * v.get('times', 1.0):.6g}")
+
+    return {k: [one(k, x) for x in v] if isinstance(v, list) else one(k, v)
+            for k, v in args.items()}
+
+
+def needs_calibration(spec: dict) -> bool:
+    every = [spec["common"]] + [c.get("args", {}) for c in spec["cells"].values()]
+    return any(isinstance(x, dict) for a in every for v in a.values()
+               for x in (v if isinstance(v, list) else [v]))
+
+
+def planned_argv(spec: dict, cell: str, seed: int, calibrated: dict | None) -> list[str]:
+    """rpg-train's flags for (cell, seed) as the study file says: its common and cell arguments
+    (calibrated values substituted), then each seed flag set to the seed. The runner adds --out,
+    --cache-dir and RUNNER_FLAGS."""
+    args = resolve_calibrated({**spec["common"], **spec["cells"][cell].get("args", {})},
+                              calibrated)
+    argv = flags(args)
+    for f in spec["seed_flags"]:
+        argv += ["--" + f.replace("_", "-"), str(seed)]
+    return argv
+
+
+def without_places(argv: list) -> list:
+    """``argv`` without the folders a run writes to (PLACES and their values)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in PLACES:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def flag_values(argv: list) -> dict:
+    """{flag: its values as one string} of an rpg-train command line."""
+    out, flag = {}, None
+    for a in argv:
+        if a.startswith("--"):
+            flag = a
+            out[flag] = ""
+        elif flag is not None:
+            out[flag] = (out[flag] + " " + a).strip()
+    return out
+
+
+def argv_difference(got: list, want: list) -> str:
+    """The first flags in which a row's command differs from the study file's, in words."""
+    g, w = flag_values(got), flag_values(want)
+    said = []
+    for f in dict.fromkeys([*w, *g]):
+        if g.get(f) == w.get(f):
+            continue
+        ran = "without it" if f not in g else f"{f} {g[f]}".strip()
+        says = "no such flag" if f not in w else f"{f} {w[f]}".strip()
+        said.append(f"ran {ran} where the study file says {says}")
+    return "; ".join(said[:3]) if said else "the flags' order differs"
+
+
+def version_difference(path: Path, sha: str) -> str | None:
+    """The keys in which the committed version of the study file ``path`` whose sha256 is ``sha``
+    differs from the file as it is now (None when git holds no such version)."""
+    git = lambda *a: subprocess.run(["git", "-C", str(path.parent), *a], capture_output=True)
+    log = git("log", "--format=%H", "-n", "200", "--", path.name)
+    for commit in log.stdout.decode().split() if log.returncode == 0 else []:
+        old = git("show", f"{commit}:./{path.name}")
+        if old.returncode == 0 and hashlib.sha256(old.stdout).hexdigest() == sha:
+            try:
+                keys = changed_keys(json.loads(old.stdout), json.loads(path.read_text()))
+            except json.JSONDecodeError:
+                return None
+            return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+    return None
+
+
+def changed_keys(old, new, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two JSON values."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [prefix or "(the whole file)"]
+    out = []
+    for k in dict.fromkeys([*old, *new]):
+        where = f"{prefix}.{k}" if prefix else k
+        if k not in old or k not in new:
+            out.append(where)
+        else:
+            out += changed_keys(old[k], new[k], where)
+    return out
+
+
+def check_provenance(path: Path, spec: dict, rows: list[dict],
+                     calibrated: dict | None = None) -> None:
+    """Each row was run under this study file: its ``study_sha256`` is the file's (or a version
+    the file lists in ``earlier_versions``, each with the reason its rows still count), and its
+    argv is what the file says for its cell and seed (``calibrated``: the calibration's values,
+    for a study that reads them). Else a StudyError naming file:line, what differs and the fix:
+    rerun the rows, or declare the changed file a new study."""
+    if not rows:
+        return
+    study_file = shown(Path(spec["path"]))
+    fix = (f"rerun its rows (remove them from {shown(path)}, then python -m small_scale.study "
+           f"{spec['name']}) or declare the change as a new study file")
+    known = {spec["sha256"], *spec.get("earlier_versions", {})}
+    if needs_calibration(spec) and calibrated is None:
+        calibrated = calibrated_values(Path(path).parent, Path(spec["path"]).parent,
+                                       spec["calibration"])
+    for i, row in enumerate(rows, 1):
+        where = f"{shown(path)}:{i}: {row['cell']} s{row['seed']}"
+        if row["study_sha256"] not in known:
+            what = version_difference(Path(spec["path"]), row["study_sha256"])
+            raise StudyError(
+                f"{where} was run under another version of {study_file} (sha256 "
+                f"{row['study_sha256'][:12]}, the file's is now {spec['sha256'][:12]}"
+                + (f"; changed since: {what}" if what else "") + f"); {fix}")
+        want = COMMAND + planned_argv(spec, row["cell"], row["seed"], calibrated) + RUNNER_FLAGS
+        got = without_places(row["argv"])
+        if got != want:
+            raise StudyError(f"{where} was run with other arguments than {study_file} gives "
+                             f"it: {argv_difference(got, want)}; {fix}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the rules are committed before the first row
+# ----------------------------------------------------------------------------------------------
+
+def rules_of(spec: dict, testbeds: Path = TESTBEDS) -> list[Path]:
+    """The files whose rules decide what a study's rows say: its study file, and the comparison
+    rules (testbeds.json) when an entry there names the study."""
+    out = [Path(spec["path"])]
+    if Path(testbeds).is_file() and names_study(json.loads(Path(testbeds).read_text()),
+                                                spec["name"]):
+        out.append(Path(testbeds))
+    return out
+
+
+def names_study(value, study: str) -> bool:
+    """Whether a JSON value holds {"study": ``study``} anywhere."""
+    if isinstance(value, dict):
+        return value.get("study") == study or any(names_study(v, study) for v in value.values())
+    return isinstance(value, list) and any(names_study(v, study) for v in value)
+
+
+def uncommitted(paths: list[Path]) -> str | None:
+    """Why one of ``paths`` is not the committed record ("FILE is untracked", "... has changes
+    that are not committed", "... is not in a git repository"); None when each is committed as
+    it is."""
+    for p in map(Path, paths):
+        git = lambda *a, p=p: subprocess.run(["git", "-C", str(p.resolve().parent), *a],
+                                             capture_output=True)
+        if git("rev-parse", "--git-dir").returncode != 0:
+            return f"{shown(p)} is not in a git repository"
+        if git("ls-files", "--error-unmatch", "--", p.name).returncode != 0:
+            return f"{shown(p)} is untracked"
+        if git("diff", "--quiet", "HEAD", "--", p.name).returncode != 0:
+            return f"{shown(p)} has changes that are not committed"
+    return None

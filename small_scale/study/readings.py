@@ -5,9 +5,9 @@ term's share of the objective at both levels. These readings were not pre-regist
 interval is a plain 95 % paired t interval (scipy.stats.t) with no multiplicity correction, and
 they qualify the pre-registered verdicts rather than add verdicts of their own.
 
-    python -m small_scale.readings C            # the block, on stdout
-    python -m small_scale.readings --write      # into small_scale/RESULTS.md (between markers)
-    python -m small_scale.readings --check      # exit 1 when RESULTS.md's blocks are stale
+    python -m small_scale.study.readings C         # the block, on stdout
+    python -m small_scale.study.readings --write   # into small_scale/RESULTS.md (between markers)
+    python -m small_scale.study.readings --check   # exit 1 when RESULTS.md's blocks are stale
 
 Definitions (per run, from its row's outcomes):
 - end point: ``heldout`` (Mean@4 over the last evaluations, the study's primary outcome);
@@ -37,11 +37,9 @@ except ModuleNotFoundError as e:
           f"scipy, matplotlib)", file=sys.stderr)
     raise SystemExit(2) from None
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import study_files as S  # noqa: E402
+import small_scale.study.files as S
 
-RESULTS_MD = HERE / "RESULTS.md"
+RESULTS_MD = S.HERE / "RESULTS.md"
 
 # Each study read here: its warm-start cell, the method cells at each number of updates per batch,
 # the pairs whose stability is compared, the cell whose KL share is stated.
@@ -150,7 +148,7 @@ def block(r: dict) -> str:
     """The markdown block of one study's readings."""
     L = [f"Read from study {r['study']}'s rows ({r['n_rows']} runs, the excluded seeds out), "
          f"beyond its pre-registered contrasts: each a paired 95 % t interval, not corrected for "
-         f"multiplicity (small_scale/readings.py).", "",
+         f"multiplicity (small_scale/study/readings.py).", "",
          "Each method's end point minus its own warm start (held-out Mean@4; seeds below their "
          "warm start / seeds):", "",
          "| method | 1 update | 4 updates | 16 updates |", "|---|---|---|---|"]
@@ -197,7 +195,7 @@ POWER = {
 def power(name: str, results=S.RESULTS, studies=S.STUDIES) -> str:
     """The minimum detectable effects of study ``name``'s families (Holm's first step, alpha / m;
     power 0.8; analysis.mde) at the paired standard deviations of its analogues (POWER)."""
-    from analysis import mde
+    from small_scale.study.analysis import mde
     spec = S.load_study(name, studies)
     analogue, n, pairs = POWER[name]
     aspec = S.load_study(analogue, studies)
@@ -222,7 +220,7 @@ def power(name: str, results=S.RESULTS, studies=S.STUDIES) -> str:
 
 
 def markers(name: str, what: str = "readings") -> tuple[str, str]:
-    return (f"<!-- generated: python -m small_scale.readings --write ({name} {what}) -->",
+    return (f"<!-- generated: python -m small_scale.study.readings --write ({name} {what}) -->",
             f"<!-- end generated ({name} {what}) -->")
 
 
@@ -244,7 +242,7 @@ def write(check: bool, results=S.RESULTS, studies=S.STUDIES, md: Path = RESULTS_
         new = new[:i] + "\n" + body + new[j:]
     if check:
         if new != text:
-            print(f"readings: {md} is stale: run python -m small_scale.readings --write",
+            print(f"readings: {md} is stale: run python -m small_scale.study.readings --write",
                   file=sys.stderr)
             return 1
         return 0

@@ -1,7 +1,7 @@
 """Rerun committed study runs from their rows and compare: what a reader does to check a study.
 
-    python small_scale/rerun.py C --runs 3              # 3 runs of study C drawn at random
-    python small_scale/rerun.py C --pick urkl-u1:4      # cell urkl-u1, seed 4
+    python -m small_scale.study.rerun C --runs 3              # 3 runs of study C drawn at random
+    python -m small_scale.study.rerun C --pick urkl-u1:4      # cell urkl-u1, seed 4
 
 Each chosen row's own command (its ``argv``: the rpg-train flags it ran with) is run again in a
 scratch folder, with a fresh warm-start cache, and its pre-registered outcomes are recomputed from
@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from study import environment, outcomes
-from study_files import (
+from rpg_ref import strict_json
+from small_scale.study.files import (
     RESULTS,
     ROOT,
     STUDIES,
@@ -32,8 +32,7 @@ from study_files import (
     read_rows,
     results_path,
 )
-
-from rpg_ref import strict_json
+from small_scale.study.runner import environment, outcomes
 
 
 def rerun(row: dict, spec: dict, scratch: Path) -> dict:
@@ -60,7 +59,8 @@ def compare(committed: dict, again: dict) -> list[tuple]:
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rerun.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m small_scale.study.rerun",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("study", help="a study with committed rows: small_scale/results/<study>.jsonl")
@@ -100,7 +100,7 @@ def main(argv: list | None = None) -> int:
                       f"{(here['commit'] or '?')[:10]}"
                       f"{' (dirty)' if here['dirty'] else ''} on {here['cpu']})", flush=True)
     except StudyError as e:
-        print(f"rerun.py: {e}", file=sys.stderr)
+        print(f"small_scale.study.rerun: {e}", file=sys.stderr)
         return 2
     print(f"{len(chosen) - differ} of {len(chosen)} reruns identical")
     return 1 if differ else 0

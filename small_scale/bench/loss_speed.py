@@ -1,6 +1,6 @@
 """Forward + backward time of every loss vs a plain PPO-clip floor, measured in the same run.
 
-    python small_scale/bench_losses.py [--B 256 --T 2048 --repeats 25 --threads N --modes ...]
+    python -m small_scale.bench.loss_speed [--B 256 --T 2048 --repeats 25 --threads N --modes ...]
 
 The floor (``ppo_clip_floor`` below) is the least any clipped token loss pays: one exp, a clamp,
 a min, a masked mean, written as people usually write it (eager PyTorch, autograd). Each loss is

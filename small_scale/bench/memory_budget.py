@@ -1,7 +1,7 @@
 """Memory budget (an ESTIMATE) of full-parameter RL of Qwen3-4B on one 80 GB GPU (preset
 qwen3-4b-h100).
 
-    python small_scale/memory_budget.py [--config PATH] [--gpu-gib 80] [--prompt-len 1024]
+    python -m small_scale.bench.memory_budget [--config PATH] [--gpu-gib 80] [--prompt-len 1024]
                                         [--engine vllm|hf] [--unchunked] [--ranks N]
                                         [--responses 2048 4096 8192]
 
@@ -170,7 +170,7 @@ def budget(c: dict, gpu_gib: float, prompt_len: int, resp: int, logit_chunk: int
 def main(argv=None) -> int:
     default_cfg = (
         Path(
-            os.environ.get("RPG_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
+            os.environ.get("RPG_DATA_DIR", Path(__file__).resolve().parents[3] / "shared" / "data")
         )
         / "models"
         / "qwen3-4b"

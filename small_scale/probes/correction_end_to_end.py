@@ -1,6 +1,7 @@
 """Rollout correction measured end to end: rpg-train with a sampler mu that is not pi_old.
 
-    python small_scale/rollout_correction.py [--exp bandit seq] [--out runs/rollout_correction]
+    python -m small_scale.probes.correction_end_to_end [--exp bandit seq]
+        [--out runs/rollout_correction]
 
 bandit: the 5-armed bandit preset with --ref init (optimum: argmax E[R] - beta URKL(pi, pi_ref)),
     sampled by ``TemperedEngine``: the bandit's sampler at 4x the trainer's temperature, reporting

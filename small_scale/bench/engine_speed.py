@@ -2,7 +2,7 @@
 `generate`, on the same model, prompts, batch and lengths, in one run: tokens/s and their ratios
 to vLLM. Runs where vLLM is installed (on a CPU: the .venv-vllm of docs/vllm.md):
 
-    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python small_scale/bench_engines.py
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m small_scale.bench.engine_speed
 
 Models: "tiny" (rpg_ref.math.tiny_model.tiny_qwen3_config: 2 layers, width 64, real vocabulary) and
 "0.6b-4l" (Qwen3-0.6B's shared config with 4 of its 28 layers: width 1024, 0.2B parameters),
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     import torch
 
-    from small_scale.bench_common import device_name
+    from small_scale.bench.common import device_name
     results = [run(m, args) for m in args.models]
     print(
         f"\n{device_name('cpu')}; {args.prompts} prompts of {args.prompt_min}-{args.prompt_max} "

@@ -2,11 +2,11 @@
 t intervals, Holm-corrected families, interactions (difference of differences), collapse rates
 with an exact paired test, the minimum detectable effect, and one verdict per contrast.
 
-    python small_scale/analysis.py A               # the report of study A (markdown, stdout)
-    python small_scale/analysis.py --all           # every study with results: reports and
+    python -m small_scale.study.analysis A               # the report of study A (markdown, stdout)
+    python -m small_scale.study.analysis --all           # every study with results: reports and
                                                    # figures into paper_figs/out/study/, and the
                                                    # generated blocks of small_scale/RESULTS.md
-    python small_scale/analysis.py --all --check   # exit 1 if RESULTS.md differs from them
+    python -m small_scale.study.analysis --all --check   # exit 1 if RESULTS.md differs from them
 
 Statistics (scipy.stats; nothing here is a hand-written distribution):
 - a contrast is a signed sum of cells per seed, d_s = sum(+cells) - sum(-cells), over the seeds
@@ -45,18 +45,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
-import study_files as S
+
+import small_scale.study.files as S
 
 try:  # the study extra: one line naming it, not a traceback
     import matplotlib  # noqa: F401  (the figures of --all: paper_figs._common)
     from scipy import optimize, stats
 except ModuleNotFoundError as e:
-    print(f"analysis.py: {e.name} is not installed: pip install -e '.[study]' (the study extra: "
-          f"scipy, matplotlib)", file=sys.stderr)
+    print(f"small_scale.study.analysis: {e.name} is not installed: pip install -e '.[study]' "
+          f"(the study extra: scipy, matplotlib)", file=sys.stderr)
     raise SystemExit(2) from None
 
 OUT = S.ROOT / "paper_figs" / "out" / "study"
@@ -467,7 +469,7 @@ def plot_levels(spec: dict, a: dict, out: Path) -> list[Path]:
 # RESULTS.md: generated blocks
 # ----------------------------------------------------------------------------------------------
 
-TESTBEDS = S.HERE / "testbeds.json"
+TESTBEDS = S.TESTBEDS
 
 
 def claim_side(entry: dict, studies: dict) -> dict:
@@ -492,24 +494,27 @@ def verdict_class(r: dict) -> str:
     return "0"
 
 
-def agreement(seq: dict, carry: dict) -> str:
-    """The testbeds row's last column: "replicated" only where both testbeds ran the claim to
-    every planned seed and found a difference of the same sign; "no difference on either" where
-    both found none; "differ" otherwise; "pending" while a study's seeds are still landing."""
-    if "why" in seq or "why" in carry:
+def agreement(*sides: dict) -> str:
+    """The testbeds row's last column: "replicated" only where every testbed ran the claim to
+    every planned seed and found a difference of the same sign; "no difference on either" (on
+    any, for more than two) where all found none; "differ" otherwise; "pending" while a study's
+    seeds are still landing; "one testbed only" where a testbed cannot express the claim."""
+    if any("why" in side for side in sides):
         return "one testbed only"
-    for side in (seq, carry):
+    for side in sides:
         if not side["r"]["final"]:
             return f"pending ({side['study']}: {side['r']['pending']})"
-    a, b = verdict_class(seq["r"]), verdict_class(carry["r"])
-    if a == b:
-        return "no difference on either" if a == "0" else "**replicated**"
+    found = {verdict_class(side["r"]) for side in sides}
+    if len(found) == 1:
+        none = "no difference on either" if len(sides) == 2 else "no difference on any"
+        return none if found == {"0"} else "**replicated**"
     return "differ"
 
 
 def two_testbeds_report(studies: dict, path: Path) -> str | None:
-    """The claims of testbeds.json, each with the seq task's and the carry task's contrast; None
-    unless every study it names has results (a results folder of one study leaves it alone)."""
+    """The claims of testbeds.json, each with its contrast on every testbed the file names
+    (``testbeds``: key and column header; a row holds one entry per testbed); None unless every
+    study it names has results (a results folder of one study leaves it alone)."""
     def cell(side: dict) -> str:
         if "why" in side:
             return side["why"]
@@ -519,22 +524,65 @@ def two_testbeds_report(studies: dict, path: Path) -> str | None:
         return (f"{side['study']}: {_f(r['mean'])} [{_f(r['lo'])}, {_f(r['hi'])}], n = {r['n']}; "
                 f"{r['verdict']}")
     spec = json.loads(path.read_text())
-    named = {row[k]["study"] for row in spec["rows"] for k in ("seq", "carry") if "study" in row[k]}
+    beds = spec.get("testbeds")
+    if not (isinstance(beds, dict) and len(beds) >= 2):
+        raise S.StudyError(f"{path.name}: 'testbeds' must map each testbed's key to its column's "
+                           f"header, two or more")
+    for row in spec["rows"]:
+        if set(beds) - set(row):
+            raise S.StudyError(f"{path.name}: the row {row['claim']!r} has no entry for "
+                               f"{sorted(set(beds) - set(row))}")
+    named = {row[k]["study"] for row in spec["rows"] for k in beds if "study" in row[k]}
     if not named <= set(studies):
         return None
-    L = ["| claim | seq task (A, B) | carry task (C) | both |", "|---|---|---|---|"]
+    last = "both" if len(beds) == 2 else "all"
+    L = ["| claim | " + " | ".join(beds.values()) + f" | {last} |",
+         "|---|" + "---|" * (len(beds) + 1)]
     for row in spec["rows"]:
-        seq, carry = (claim_side(row[k], studies) for k in ("seq", "carry"))
-        L.append(f"| {row['claim']} | {cell(seq)} | {cell(carry)} | {agreement(seq, carry)} |")
+        sides = [claim_side(row[k], studies) for k in beds]
+        L.append(f"| {row['claim']} | " + " | ".join(map(cell, sides))
+                 + f" | {agreement(*sides)} |")
     return "\n".join(L) + "\n"
 
 
 def begin(study: str) -> str:
-    return f"<!-- generated: python small_scale/analysis.py --all ({study}) -->"
+    return f"<!-- generated: python -m small_scale.study.analysis --all ({study}) -->"
 
 
 def end(study: str) -> str:
     return f"<!-- end generated ({study}) -->"
+
+
+def marked(text: str) -> list[str]:
+    """The names of the generated blocks in ``text``, in order."""
+    return re.findall(re.escape(begin("@")).replace("@", "(.+?)"), text)
+
+
+def body_of(text: str, name: str) -> str:
+    """What stands between block ``name``'s markers."""
+    return text.split(begin(name), 1)[1].split(end(name), 1)[0]
+
+
+def stale_blocks(text: str, blocks: dict, results) -> list[tuple[str, str]]:
+    """(block, why) for each generated block of ``text`` that ``blocks`` does not give as it
+    stands: "unmade" when nothing makes it (its study has no rows: the tables would outlive
+    them), "differs" when its tables are not what the rows give. An empty block (its markers
+    with nothing between them) is a study not started: it stands without rows."""
+    out = []
+    for name in marked(text):
+        if end(name) not in text:
+            out.append((name, f"unmade: block {name} has no end marker {end(name)}"))
+        elif name not in blocks and not body_of(text, name).strip():
+            continue
+        elif name not in blocks:
+            why = ("a study it names has no rows" if name == "testbeds" else
+                   f"{S.shown(S.results_path(name, results))} has no rows")
+            out.append((name, f"unmade: block {name} stands, but {why}; restore the rows (git "
+                              f"checkout) or remove the block"))
+        elif between(text, begin(name), end(name), blocks[name]) != text:
+            out.append((name, f"differs: block {name} is not what its rows give; run: python -m "
+                              f"small_scale.study.analysis --all"))
+    return out
 
 
 def fill_blocks(text: str, blocks: dict) -> str:
@@ -562,6 +610,7 @@ def analysed(results=S.RESULTS, studies=S.STUDIES) -> dict:
             continue
         spec = S.load_study(name, studies)
         rows = S.read_rows(S.results_path(name, results), spec)
+        S.check_provenance(S.results_path(name, results), spec, rows)
         if rows:
             out[name] = (spec, rows)
     return {name: (spec, analyse(spec, rows)) for name, (spec, rows) in out.items()}
@@ -573,7 +622,8 @@ def generated(results=S.RESULTS, studies=S.STUDIES) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="analysis.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m small_scale.study.analysis",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("study", nargs="?", help="one study's report to stdout")
@@ -590,30 +640,34 @@ def main(argv=None) -> int:
     try:
         if a.study:
             spec = S.load_study(a.study, a.studies)
-            res = analyse(spec, S.read_rows(S.results_path(a.study, a.results), spec))
+            path = S.results_path(a.study, a.results)
+            rows = S.read_rows(path, spec)
+            S.check_provenance(path, spec, rows)
+            res = analyse(spec, rows)
             print(json.dumps(res, indent=1, default=str) if a.json else report(res))
             return 0
         studies = analysed(a.results, a.studies)
     except S.StudyError as e:
-        print(f"analysis.py: {e}", file=sys.stderr)
+        print(f"small_scale.study.analysis: {e}", file=sys.stderr)
         return 2
     blocks = {name: report(res) for name, (_, res) in studies.items()}
     try:
         both = two_testbeds_report({name: res for name, (_, res) in studies.items()}, TESTBEDS)
     except S.StudyError as e:
-        print(f"analysis.py: {e}", file=sys.stderr)
+        print(f"small_scale.study.analysis: {e}", file=sys.stderr)
         return 2
     if both is not None:
         blocks["testbeds"] = both
     md = Path(a.results_md)
     text = md.read_text()
     new = fill_blocks(text, blocks)
-    if a.check:
-        if new != text:
-            print("analysis.py: small_scale/RESULTS.md differs from the generated tables; "
-                  "run: python small_scale/analysis.py --all", file=sys.stderr)
-            return 1
-        return 0
+    stale = stale_blocks(text, blocks, a.results)
+    unmade = [why for _, why in stale if why.startswith("unmade")]
+    if a.check or unmade:   # nothing is written while a block has no rows to make it
+        for _, why in (stale if a.check else [(None, w) for w in unmade]):
+            print(f"small_scale.study.analysis: {S.shown(md)}: {why.split(': ', 1)[1]}",
+                  file=sys.stderr)
+        return (1 if a.check else 2) if stale else 0
     out = Path(a.out)
     for name, (spec, res) in studies.items():
         out.mkdir(parents=True, exist_ok=True)

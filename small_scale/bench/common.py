@@ -1,7 +1,6 @@
-"""What the benchmarks share (small_scale/bench_trainer.py on CPU, small_scale/gpu_bench.py and
-small_scale/bench_gpu_vs_trl.py on a GPU, or on a CPU at smoke settings): the benchmark models,
-the device's name, the math runs' rpg-train settings, process memory, TRL's step timer, fresh worker
-processes and the ratio table."""
+"""What the benchmarks share (trainer_overhead.py on CPU, gpu.py and gpu_vs_trl.py on a GPU, or on
+a CPU at smoke settings): the benchmark models, the device's name, the math runs' rpg-train
+settings, process memory, TRL's step timer, fresh worker processes and the ratio table."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def model_config(name: str, folder: Path) -> Path:
 def math_hf_args(*, device: str, out: Path, model: Path, steps: int, prompts: int, group: int,
                  updates: int, max_new_tokens: int, micro_batch_tokens: int,
                  checkpointing: bool, lr: float) -> dict:
-    """rpg-train's settings of the GPU benchmarks' math runs (gpu_bench.py, bench_gpu_vs_trl.py;
+    """rpg-train's settings of the GPU benchmarks' math runs (gpu.py, gpu_vs_trl.py;
     a dict for train_flags.flags): the HF engine with --hf-chunk auto, bf16 autocast,
     micro-batches by a token budget, ``updates`` optimizer steps per batch, every response to
     max_new_tokens (no overlong penalty, no dynamic sampling), no evaluation or export. A caller
@@ -128,10 +127,12 @@ def step_timer(stamps: list):
     return StepTimer()
 
 
-def run_worker(script: str, argv: list, env: dict, label: str) -> float:
-    """Run ``script argv`` in a fresh Python process (clean memory counters); its wall seconds."""
+def run_worker(module: str, argv: list, env: dict, label: str) -> float:
+    """Run ``python -m module argv`` from the repository's root in a fresh Python process (clean
+    memory counters); its wall seconds."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, script, *argv], check=True, env=env)
+    subprocess.run([sys.executable, "-m", module, *argv], check=True, env=env,
+                   cwd=Path(__file__).resolve().parents[2])
     seconds = time.perf_counter() - t0
     print(f"[{label}] finished in {seconds:.1f} s", flush=True)
     return seconds

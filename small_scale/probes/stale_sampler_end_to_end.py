@@ -1,7 +1,8 @@
 """--sampler-lag measured end to end: the bandit's optimum with a stale sampler, and what a lag
 costs per step.
 
-    python small_scale/sampler_lag.py [--exp bandit cost] [--out runs/sampler_lag]
+    python -m small_scale.probes.stale_sampler_end_to_end [--exp bandit cost]
+        [--out runs/sampler_lag]
 
 bandit: --preset bandit --ref init, seeds 0-4, for K = 0, 2, 8 with no correction, tis at level
     sequence (cap 2) and uncapped mis: the total variation to the optimum of E[R] - beta URKL at

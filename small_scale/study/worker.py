@@ -31,7 +31,7 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # what a study job imports before its first step (rpg-train, the seq task's Qwen3); optional ones
 # (transformers: the llm extra) are left to the job when absent
 PRELOAD = ("rpg_ref.cli", "rpg_ref.trainer.train", "rpg_ref.tasks.seq", "safetensors.torch")
@@ -58,7 +58,7 @@ class Worker:
     def __init__(self):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())], cwd=ROOT,
+            [sys.executable, "-m", __spec__.name, str(theirs.fileno())], cwd=ROOT,
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)  # our signal handler forwards
         theirs.close()

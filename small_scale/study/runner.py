@@ -1,16 +1,16 @@
 """Run a pre-registered study: every (cell, seed) of small_scale/studies/<study>.json as one
 rpg-train command, resumable, in parallel, one results row per finished run.
 
-    python small_scale/study.py calibration --dry-run     # what would run, in order
-    python small_scale/study.py calibration --workers 2   # run (or continue) it
-    python small_scale/study.py calibration --status      # done/total per cell, CPU time left
-    python small_scale/analysis.py calibration            # verdicts, tables, figures
+    python -m small_scale.study calibration --dry-run     # what would run, in order
+    python -m small_scale.study calibration --workers 2   # run (or continue) it
+    python -m small_scale.study calibration --status      # done/total per cell, CPU time left
+    python -m small_scale.study.analysis calibration      # verdicts, tables, figures
 
 A study file holds rpg-train flags (``common``, and per cell ``args``; JSON keys are flags:
 "eval_every": 5 is ``--eval-every 5``, a list is several values, true/false is --x/--no-x),
 ``seeds`` (seed indices 0..N-1, per cell overridable), ``seed_flags`` (the flags that take the
 seed index), the ``outcomes`` recorded per run, the ``series`` kept for figures, and the
-pre-registered ``analysis`` (read by small_scale/analysis.py). A value {"calibrated": NAME,
+pre-registered ``analysis`` (read by small_scale/study/analysis.py). A value {"calibrated": NAME,
 "times": F} is the calibration study's choice NAME (analysis.calibrated_values) times F.
 
 Pairing: seed index s of every cell runs with every flag of ``seed_flags`` set to s (the seq
@@ -23,7 +23,7 @@ done) is not run in the other cells: its results would enter no test.
 Each run is the command a user types: ``python -m rpg_ref.cli FLAGS --seed s ... --out
 RUNS/<study>/<cell>/s<seed> --cache-dir RUNS/cache --threads 1 --no-progress`` (the runner's
 interpreter; the runner sets those flags, a study may not), run as rpg-train's main in a fork of
-a persistent worker process that imported torch and transformers once (study_worker.py: the same
+a persistent worker process that imported torch and transformers once (worker.py: the same
 outputs bit for bit, seconds less per run; a run's cpu_s is its own, without those imports), its
 output in RUNS/<study>/<cell>/s<seed>.log. A run folder that already holds a run
 continues with ``--resume`` (a killed run loses at most the steps since its last checkpoint).
@@ -36,6 +36,15 @@ series, the summary, commit (and whether the tree was dirty), torch / transforme
 model, wall and CPU seconds. Every row read is checked against the study file first (a NaN, a
 missing outcome, an unplanned cell or seed, a duplicate: one line naming file:line, exit 2;
 paper_figs/study_rows.py holds the rule), and so is every row before it is written.
+
+A row counts only as a run of today's study file: its ``study_sha256`` is the file's (or a version
+the file lists in ``earlier_versions`` with the reason its rows still count) and its argv is what
+the file gives its cell and seed (files.check_provenance). A study file changed after rows landed
+is refused, here (--dry-run, --status, a run) and by the analysis, until its rows are rerun or
+the change is declared as a new study. The runner starts no run while the study file, or the
+comparison rules naming the study (study/testbeds.json), are untracked or hold changes that are
+not committed: the rules are fixed before the first row (--allow-uncommitted: a trial, or a study
+folder outside git, as the tests' are).
 """
 
 from __future__ import annotations
@@ -59,23 +68,29 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from study_files import (
+from rpg_ref import strict_json
+from small_scale.study.files import (
+    COMMAND,
     RESULTS,
     ROOT,
+    RUNNER_FLAGS,
     STUDIES,
+    TESTBEDS,
     StudyError,
     calibrated_values,
+    check_provenance,
     check_row,
     excluded_seeds,
     load_study,
+    needs_calibration,
+    planned_argv,
     planned_seeds,
     read_rows,
     results_path,
+    rules_of,
+    uncommitted,
 )
-from study_worker import Worker
-from train_flags import flags
-
-from rpg_ref import strict_json
+from small_scale.study.worker import Worker
 
 RUNS = ROOT / "runs" / "study"
 
@@ -83,30 +98,6 @@ RUNS = ROOT / "runs" / "study"
 # ----------------------------------------------------------------------------------------------
 # the jobs
 # ----------------------------------------------------------------------------------------------
-
-def resolve_calibrated(args: dict, values: dict | None) -> dict:
-    """Replace each {"calibrated": NAME, "times": F} by values[NAME] * F (a flag's value, or one
-    item of a list value such as --clip's)."""
-    def one(k, v):
-        if not isinstance(v, dict):
-            return v
-        if set(v) - {"calibrated", "times"} or "calibrated" not in v:
-            raise StudyError(f"--{k.replace('_', '-')}: a dict value must be "
-                             f'{{"calibrated": NAME, "times": F}}, got {v}')
-        if values is None or v["calibrated"] not in values:
-            raise StudyError(f"--{k.replace('_', '-')} needs the calibration's "
-                             f"{v['calibrated']!r}, which is not chosen yet")
-        return float(f"{values[v['calibrated']] * v.get('times', 1.0):.6g}")
-
-    return {k: [one(k, x) for x in v] if isinstance(v, list) else one(k, v)
-            for k, v in args.items()}
-
-
-def needs_calibration(spec: dict) -> bool:
-    every = [spec["common"]] + [c.get("args", {}) for c in spec["cells"].values()]
-    return any(isinstance(x, dict) for a in every for v in a.values()
-               for x in (v if isinstance(v, list) else [v]))
-
 
 @dataclasses.dataclass
 class Job:
@@ -137,14 +128,9 @@ def jobs_of(spec: dict, runs=RUNS, calibrated: dict | None = None,
             for c in group:
                 if s not in planned_seeds(spec, c):
                     continue
-                args = resolve_calibrated({**spec["common"], **spec["cells"][c].get("args", {})},
-                                          calibrated)
                 folder = run_folder(runs, spec["name"], c, s)
-                argv = flags(args)
-                for f in spec["seed_flags"]:
-                    argv += ["--" + f.replace("_", "-"), str(s)]
-                argv += ["--out", rel(folder), "--cache-dir", rel(Path(runs) / "cache"),
-                         "--threads", "1", "--no-progress"]
+                argv = [*planned_argv(spec, c, s, calibrated), "--out", rel(folder),
+                        "--cache-dir", rel(Path(runs) / "cache"), *RUNNER_FLAGS]
                 out.append(Job(c, s, argv, folder))
     return out
 
@@ -211,7 +197,7 @@ def append_row(path: Path, row: dict) -> None:
                 if not data.endswith(b"\n"):
                     keep, lines = data.rfind(b"\n") + 1, data.count(b"\n")
                     f.truncate(keep)
-                    print(f"study.py: {rel(path)}:{lines + 1}: cut off a torn last "
+                    print(f"small_scale.study: {rel(path)}:{lines + 1}: cut off a torn last "
                           f"line ({size - keep} bytes, a write stopped by a kill); a run "
                           f"without its row is run again", file=sys.stderr, flush=True)
             f.write(line)
@@ -335,7 +321,7 @@ def run_job(job: Job, spec: dict, worker: Worker, claim_fd: int, on_pid) -> dict
     summary = {k: v for k, v in summary.items() if k not in ("config", "final")}
     return {
         "study": spec["name"], "cell": job.cell, "seed": job.seed,
-        "argv": ["python", "-m", "rpg_ref.cli", *job.argv],
+        "argv": [*COMMAND, *job.argv],
         "resumed_from_step": resumed_from,
         "outcomes": outcomes(metrics, spec["outcomes"]),
         "series": series(metrics, spec["series"].get("keys", []), spec["series"].get("every", 1)),
@@ -412,7 +398,7 @@ def status_lines(spec: dict, jobs: list[Job], rows: list[dict]) -> list[str]:
 def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
               max_runs: int | None = None) -> int:
     """Run every pending job with ``workers`` threads, each driving one persistent worker process
-    (study_worker.py) that runs its jobs one at a time."""
+    (small_scale/study/worker.py) that runs its jobs one at a time."""
     # signalled: reentrant, since a second signal can run on_signal inside the first one
     lock, signalled = threading.Lock(), threading.RLock()
     queue, running = list(jobs), set()   # running: the pids of the jobs now running
@@ -488,17 +474,18 @@ def run_study(spec: dict, jobs: list[Job], results: Path, workers: int,
         for s, h in old.items():
             signal.signal(s, h)
     if state["failed"]:
-        print(f"study.py: {state['failed']}", file=sys.stderr)
+        print(f"small_scale.study: {state['failed']}", file=sys.stderr)
         return 1
     if state["stop"]:
-        print(f"study.py: stopped by {state['stop']}; run the same command to continue",
+        print(f"small_scale.study: stopped by {state['stop']}; run the same command to continue",
               file=sys.stderr)
         return 128 + getattr(signal, state["stop"])
     return 0
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="study.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m small_scale.study",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("study", help="a study file's name: small_scale/studies/<study>.json")
@@ -512,9 +499,13 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--studies", default=str(STUDIES), help=argparse.SUPPRESS)
     ap.add_argument("--results", default=str(RESULTS), help="folder of <study>.jsonl")
     ap.add_argument("--runs", default=str(RUNS), help="run folders (git-ignored)")
+    ap.add_argument("--allow-uncommitted", action="store_true",
+                    help="run a study whose study file or comparison rules are not committed "
+                    "(a trial, or a study folder outside a git repository)")
     a = ap.parse_args(argv)
     if a.workers < 1 or (a.max_runs is not None and a.max_runs < 1) or a.nice < 0:
-        print("study.py: --workers and --max-runs must be >= 1, --nice >= 0", file=sys.stderr)
+        print("small_scale.study: --workers and --max-runs must be >= 1, --nice >= 0",
+              file=sys.stderr)
         return 2
     try:
         spec = load_study(a.study, a.studies)
@@ -522,6 +513,7 @@ def main(argv: list | None = None) -> int:
         rows = read_rows(path, spec)
         calibrated = None
         if a.status:   # cells and seeds only: no flag is resolved or checked
+            check_provenance(path, spec, rows)
             cells = a.cells or list(spec["cells"])
             if set(cells) - set(spec["cells"]):
                 raise StudyError(f"no cells {sorted(set(cells) - set(spec['cells']))}; cells: "
@@ -532,9 +524,16 @@ def main(argv: list | None = None) -> int:
             if needs_calibration(spec):
                 calibrated = calibrated_values(a.results, a.studies, spec["calibration"])
             jobs = jobs_of(spec, a.runs, calibrated, a.cells)
+            check_provenance(path, spec, rows, calibrated)
             validate(jobs, Path(a.runs))
+            if not (a.dry_run or a.allow_uncommitted):
+                problem = uncommitted(rules_of(spec, TESTBEDS))
+                if problem:
+                    raise StudyError(f"{problem}: commit the study file and the comparison rules "
+                                     f"that name it before its first run (git add, git commit), "
+                                     f"so that they are fixed before any row lands")
     except StudyError as e:
-        print(f"study.py: {e}", file=sys.stderr)
+        print(f"small_scale.study: {e}", file=sys.stderr)
         return 2
     skip = skipped_keys(spec, jobs, rows)
     if skip:

@@ -2,7 +2,7 @@
 # The GPU measurements of docs/gpu.md, on a machine with one CUDA GPU and no network.
 #
 # Here (a machine that reaches PyPI), once:
-#     bash small_scale/gpu_session.sh prepare
+#     bash small_scale/bench/gpu_session.sh prepare
 # copies what the GPU machine lacks into two folders that git ignores and the device tool carries:
 #   .whl/       wheels for the GPU image's Python (3.12; GPU_PYTHON=3.11 for another): tyro and
 #               its two missing dependencies (rpg-train's command line), trl, datasets and their
@@ -11,15 +11,15 @@
 #   .gpu_data/  the shared data the benchmarks read: model configs, the Qwen3 tokenizer,
 #               deepmath_int, the eval sets (RPG_DATA_DIR points there)
 # Then, on the GPU machine, carry [".whl", ".gpu_data"] and run, in one call:
-#     bash small_scale/gpu_session.sh all      # everything below, each part under a time cap: <= 8 min
+#     bash small_scale/bench/gpu_session.sh all      # everything below, each part under a time cap: <= 8 min
 # or one step per call:
-#     bash small_scale/gpu_session.sh tests    # the CUDA tests + the engine and log-prob tests
-#     bash small_scale/gpu_session.sh default  # the default rpg-train (seq preset) on the GPU
-#     bash small_scale/gpu_session.sh gen      # gpu_bench.py quick, Qwen3-0.6B: batch 32 x 512 tokens
-#     bash small_scale/gpu_session.sh quick    # gpu_bench.py quick: 0.6B, 1.7B, 4B
-#     bash small_scale/gpu_session.sh 4b-2k    # Qwen3-4B, 2,048-token responses: peak memory
-#     bash small_scale/gpu_session.sh 4b-8k    # Qwen3-4B, 8,192-token responses: peak memory
-#     bash small_scale/gpu_session.sh trl      # bench_gpu_vs_trl.py: rpg-train vs TRL, ratios
+#     bash small_scale/bench/gpu_session.sh tests    # the CUDA tests + the engine and log-prob tests
+#     bash small_scale/bench/gpu_session.sh default  # the default rpg-train (seq preset) on the GPU
+#     bash small_scale/bench/gpu_session.sh gen      # bench/gpu.py quick, Qwen3-0.6B: batch 32 x 512 tokens
+#     bash small_scale/bench/gpu_session.sh quick    # bench/gpu.py quick: 0.6B, 1.7B, 4B
+#     bash small_scale/bench/gpu_session.sh 4b-2k    # Qwen3-4B, 2,048-token responses: peak memory
+#     bash small_scale/bench/gpu_session.sh 4b-8k    # Qwen3-4B, 8,192-token responses: peak memory
+#     bash small_scale/bench/gpu_session.sh trl      # bench/gpu_vs_trl.py: rpg-train vs TRL, ratios
 # Each step writes its log and results under $OUT (the device tool's folder that comes back, at
 # most 8 files; runs/gpu_session when unset). `all` writes gpu.txt, all.log (every part's output),
 # parts.json (each part's exit code and seconds), default_summary.json, gpu.json (0.6B),
@@ -27,7 +27,7 @@
 # GPU_SESSION_DEVICE=cpu runs the same steps on a CPU (tiny model, smoke settings): a rehearsal of
 # the script, whose numbers say nothing about a GPU.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 step="${1:-}"
 
 WHEELS=(tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1
@@ -56,15 +56,15 @@ if [ "$step" = prepare ]; then
         cp -r "$src/$need" ".gpu_data/$need"
     done
     du -sh .whl .gpu_data
-    echo "carry: [\".whl\", \".gpu_data\"]; then, on the GPU: bash small_scale/gpu_session.sh $STEPS"
+    echo "carry: [\".whl\", \".gpu_data\"]; then, on the GPU: bash small_scale/bench/gpu_session.sh $STEPS"
     exit 0
 fi
 
 case "|$STEPS|" in *"|$step|"*) ;; *)
-    echo "usage: bash small_scale/gpu_session.sh prepare|$STEPS" >&2; exit 2;;
+    echo "usage: bash small_scale/bench/gpu_session.sh prepare|$STEPS" >&2; exit 2;;
 esac
 if [ ! -d .whl ] || [ ! -d .gpu_data ]; then
-    echo "gpu_session: .whl/ or .gpu_data/ is missing: run 'bash small_scale/gpu_session.sh prepare' where PyPI is reachable and carry both" >&2
+    echo "gpu_session: .whl/ or .gpu_data/ is missing: run 'bash small_scale/bench/gpu_session.sh prepare' where PyPI is reachable and carry both" >&2
     exit 2
 fi
 DEVICE="${GPU_SESSION_DEVICE:-cuda}"
@@ -96,17 +96,17 @@ run_step() {
              python3 -m rpg_ref.cli --device "$DEVICE" --out "$scratch/default" --no-progress &&
                  cp "$scratch/default/summary.json" "$OUT/default_summary.json";;
     gen)     if [ "$DEVICE" = cuda ]; then m=(--models qwen3-0.6b); else m=(); fi
-             python3 small_scale/gpu_bench.py --device "$DEVICE" "${m[@]}" --out "$OUT/gpu.json";;
-    quick)   python3 small_scale/gpu_bench.py --device "$DEVICE" --out "$OUT/gpu_quick.json";;
+             python3 -m small_scale.bench.gpu --device "$DEVICE" "${m[@]}" --out "$OUT/gpu.json";;
+    quick)   python3 -m small_scale.bench.gpu --device "$DEVICE" --out "$OUT/gpu_quick.json";;
     4b-2k|4b-8k)
              if [ "$DEVICE" = cuda ]; then
                  tokens=$([ "$1" = 4b-2k ] && echo 2048 || echo 8192)
                  m=(--models qwen3-4b --mode full --max-new-tokens "$tokens" --prompts 1 --steps 2)
              else m=(); fi
-             python3 small_scale/gpu_bench.py --device "$DEVICE" "${m[@]}" \
+             python3 -m small_scale.bench.gpu --device "$DEVICE" "${m[@]}" \
                  --out "$OUT/gpu_${1//-/_}.json";;
     trl)     rm -rf "$scratch/vs_trl"
-             python3 small_scale/bench_gpu_vs_trl.py --device "$DEVICE" --out "$scratch/vs_trl" &&
+             python3 -m small_scale.bench.gpu_vs_trl --device "$DEVICE" --out "$scratch/vs_trl" &&
                  cp "$scratch"/vs_trl/*/result.json "$OUT/vs_trl.json";;
     esac
 }

@@ -1,8 +1,8 @@
 """Each phase of one study run against its floor, measured in one run of this script.
 
-    python small_scale/bench_floors.py                          # study A's urkl-clip-u1, seed 0
-    python small_scale/bench_floors.py --study A --cell dapo-u16 --seed 3
-    python small_scale/bench_floors.py --task NAME [--preset NAME] -- [more rpg-train flags]
+    python -m small_scale.bench.floors                          # study A's urkl-clip-u1, seed 0
+    python -m small_scale.bench.floors --study A --cell dapo-u16 --seed 3
+    python -m small_scale.bench.floors --task NAME [--preset NAME] -- [more rpg-train flags]
 
 The run: the rpg-train flags small_scale/results/<study>.jsonl recorded for the job (--study,
 --cell, --seed), or with --task / --preset a run of that task or preset plus the flags after
@@ -24,8 +24,11 @@ beside its floor, alternately, --repeats times, on the run's final policy:
                GEMM floor: the matrix products of the trainer's forward and backward, recorded
                from one mini-batch and replayed alone on tensors of the same shapes and strides
                (the attention kernels left out)
-  evaluation   one greedy pass over the held-out set (the task's evaluate)  |  static_kv_decode,
-               greedy, the same prompts, stopping when every sequence has ended
+  evaluation   the task's evaluate, as the run makes it (the carry task: Mean@4, 4 sampled
+               responses for each of 256 held-out prompts; the seq task: one greedy response
+               each), scoring included  |  static_kv_decode on the same sequences: the prompts,
+               responses per prompt, temperature, top-p and token limit of each generation the
+               evaluate makes (recorded from it), stopping when every sequence has ended
   the rest     set-up (task, policy from the cache, engine, optimizer), scoring, checkpoints,
                metrics rows: their time in the run, no floor
 
@@ -56,14 +59,14 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from bench_common import device_name
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rpg_ref.engines.hf import sample_loop
 from rpg_ref.interfaces import left_pad
+from small_scale.bench.common import device_name
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "small_scale" / "results"
 RUNNER_FLAGS = {"--out": 1, "--cache-dir": 1, "--no-progress": 0, "--progress": 0}  # + values
 
@@ -228,6 +231,32 @@ class Row(NamedTuple):
     ratio: float | None = None
     lo: float | None = None  # the smallest and largest ratio of a pair of timings
     hi: float | None = None
+
+
+def generate_calls(engine, fn) -> list[tuple]:
+    """(prompts, n, temperature, top_p, max_new_tokens) of each ``engine.generate`` call that
+    ``fn()`` makes: the work a floor must do to stand beside ``fn``."""
+    calls, real = [], engine.generate
+
+    def spy(prompts, n, temperature, top_p, max_new_tokens, *args, **kwargs):
+        calls.append((list(prompts), n, temperature, top_p, max_new_tokens))
+        return real(prompts, n, temperature, top_p, max_new_tokens, *args, **kwargs)
+    engine.generate = spy
+    try:
+        fn()
+    finally:
+        del engine.generate   # the class's own again
+    return calls
+
+
+def evaluation_work(calls: list[tuple]) -> str:
+    """The generation ``calls`` in words: "256 prompts x 4, sampled at temperature 1.0, up to 40
+    new tokens (1024 sequences)"."""
+    words = [f"{len(prompts)} prompts x {n}, "
+             + ("greedy" if temp == 0 else f"sampled at temperature {temp:g}")
+             + f", up to {T} new tokens" for prompts, n, temp, _, T in calls]
+    total = sum(len(prompts) * n for prompts, n, *_ in calls)
+    return "; ".join(words) + f" ({total} sequences)"
 
 
 def paired(work: str, fn, floor: str, floor_fn, repeats: int) -> Row:
@@ -411,12 +440,18 @@ def floors(r: SimpleNamespace, gen_tokens: list, repeats: int) -> list[Row]:
                 lambda T=T: no_eos.generate(prompts, G, temp, top_p, T), "static-KV loop",
                 lambda T=T: static_kv_decode(model, flat, task.pad_id, None, temp, top_p, T),
                 repeats))
-        if hasattr(task, "eval_prompts"):
-            ev = [p.ids for p in task.eval_prompts]
-            rows.append(paired(
-                f"evaluation: {len(ev)} prompts, greedy", lambda: run.engine.evaluate(task, policy),
-                "static-KV loop", lambda: static_kv_decode(
-                    model, ev, task.pad_id, task.eos_id, 0.0, 1.0, cfg.max_new_tokens), repeats))
+        evaluate = lambda: run.engine.evaluate(task, policy)
+        calls = generate_calls(engine, evaluate)
+        if not calls:
+            rows.append(Row("evaluation", "(no floor: the task's evaluation generates nothing)"))
+        else:
+            rows.append(paired(f"evaluation: {evaluation_work(calls)}, scored (the task's "
+                               f"evaluate)", evaluate,
+                               "static-KV loop, the same sequences",
+                               lambda: [static_kv_decode(model, [p for p in prompts for _ in
+                                                                 range(n)], task.pad_id,
+                                                         task.eos_id, temp, top_p, T)
+                                        for prompts, n, temp, top_p, T in calls], repeats))
     b = r.batch
     rows.append(paired(f"log-probs: the batch of {len(b)}",
                        lambda: batch_logprobs(policy, b, cfg, entropy=True),

@@ -14,8 +14,8 @@ step of each is warm-up and is dropped, as is rpg-train's last step (it also run
 Each trainer runs in its own fresh process; peak RSS is that process's VmHWM, and "RSS after
 imports" is the RSS after importing torch/transformers (and TRL), before any model is built.
 
-    python small_scale/bench_trainer.py [--steps 10] [--out runs/bench_trainer]
-    python small_scale/bench_trainer.py --hidden 512 --layers 4   # a larger model
+    python -m small_scale.bench.trainer_overhead [--steps 10] [--out runs/bench_trainer]
+    python -m small_scale.bench.trainer_overhead --hidden 512 --layers 4   # a larger model
 
 Needs the bench extra (``pip install 'rpg-ref[bench]'``: trl, psutil).
 """
@@ -28,8 +28,15 @@ import os
 import statistics
 from pathlib import Path
 
-from bench_common import peak_rss_mb, ratio_rows, rollout_cycles, rss_mb, run_worker, step_timer
-from train_flags import flags
+from small_scale.bench.common import (
+    peak_rss_mb,
+    ratio_rows,
+    rollout_cycles,
+    rss_mb,
+    run_worker,
+    step_timer,
+)
+from small_scale.study.train_flags import flags
 
 COMMON = {
     "prompts": 16,
@@ -222,7 +229,7 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for w in ("ours", "trl"):
         argv = [*flags({"steps": a.steps, "out": a.out, **MODEL}), "--_worker", w]
-        run_worker(__file__, argv, env, w)
+        run_worker(__spec__.name, argv, env, w)
     ours, trl_ = (json.loads((out / f"{w}.json").read_text()) for w in ("ours", "trl"))
     med = lambda r: statistics.median(r["step_s"])
     from safetensors.torch import load_file

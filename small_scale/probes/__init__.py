@@ -1,0 +1,1 @@
+"""End-to-end measurements that back a claim of docs/rollout_correction.md."""
