@@ -516,6 +516,7 @@ def test_a_run_whose_weights_blow_up_stops_in_one_line(tmp_path, capsys):
 class Cfg:
     """What Watch reads of a Config."""
     lr, grad_clip, ref, beta, prompts_per_step, group_size = 0.5, 1.0, "iterative", 1e-3, 4, 4
+    mini_batch_size, updates_per_step = 8, None
 
 
 def test_watch_stops_at_a_non_finite_row_and_reports_a_zero_gradient_once():
@@ -579,6 +580,40 @@ def test_the_collapse_rule_warns_on_a_collapse_and_almost_never_on_noise():
         line = metrics.Watch(cfg, simulated_rows(seed, 128, [0.4] + [0.05] * 19)).verdict()
         assert line is not None and "the policy collapsed: accuracy" in line, seed
         assert "down from" in line and "at step 1" in line and "lower --lr (now 0.5)" in line
+
+
+def held_out_rows(rewards: list, held_out: list) -> list:
+    """Rows of a run with these training rewards and, every 5 steps from step 1, these held-out
+    accuracies (training accuracy flat at 0.3: only the held-out measure moves)."""
+    rows = [{"step": t + 1, "loss": 0.1, "grad_norm": 0.1, "entropy": 1.0, "reward": r,
+             "accuracy": 0.3, "updates": 16} for t, r in enumerate(rewards)]
+    for row, acc in zip(rows[::5], held_out):
+        row["eval_sampled_accuracy"] = acc
+    return rows
+
+
+def test_a_rising_reward_with_a_falling_held_out_accuracy_is_exploitation_not_collapse():
+    """The training reward rises (-0.285 -> -0.05) while the held-out accuracy falls to 0: the
+    warning says the reward is being exploited, names the held-out measure, and advises a KL term
+    to the start and fewer updates per batch, not a lower learning rate. The same held-out fall
+    with a falling reward is a collapse, with the learning-rate advice."""
+    rising = [-0.285 + 0.235 * t / 19 for t in range(20)]  # steps 11-20: -0.285 + 0.235 * 14.5 / 19
+    cfg = type("Hacked", (Cfg,), {"ref": "init", "beta": 0.0, "updates_per_step": 16})()
+    line = metrics.Watch(cfg, held_out_rows(rising, [0.6, 0.4, 0.1, 0.0])).verdict()
+    assert line.startswith("rpg-train: warning: the reward is being exploited: the training "
+                           "reward rose from -0.285 at step 1 to -0.106 over steps 11-20 while "
+                           "held-out sampled_accuracy 0 at step 16, down from 0.6 at step 1"), line
+    assert line.endswith("add a KL term to the start (--ref init and --beta > 0; now --ref init, "
+                         "--beta 0) or fewer updates per batch (now 16: --updates-per-step)"), line
+    assert "--lr" not in line
+    larger = type("Beta", (Cfg,), {"ref": "init", "beta": 0.1, "updates_per_step": 1})()
+    line = metrics.Watch(larger, held_out_rows(rising, [0.6, 0.4, 0.1, 0.0])).verdict()
+    assert line.endswith("add a larger --beta (now 0.1)"), line
+    falling = rising[::-1]
+    line = metrics.Watch(cfg, held_out_rows(falling, [0.6, 0.4, 0.1, 0.0])).verdict()
+    assert line.startswith("rpg-train: warning: the policy collapsed: held-out sampled_accuracy 0 "
+                           "at step 16"), line
+    assert line.endswith("lower --lr (now 0.5)"), line
 
 
 def test_a_bandit_at_its_optimum_converges_without_a_warning(tmp_path, capsys):
