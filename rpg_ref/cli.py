@@ -200,15 +200,24 @@ def main(argv: list | None = None) -> int:
     shutdown()
     if not is_main():
         return 0
-    f, cfg = summary["final"], a.cfg
-    print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
-          f"accuracy={f.get('accuracy', float('nan')):.3f}"
-          + (f"  tv_distance={summary['tv_distance']:.4f}"
-             if summary.get("tv_distance") is not None else "")
-          + "".join(f"  {k}={v:.3f}" for k, v in summary["eval"].items()))
+    print(done_line(a.cfg.out, summary))
     if summary.get("note"):  # what the numbers above mean for this task (e.g. a random model)
         print(f"note: {summary['note']}")
     return 0
+
+
+def done_line(out: str, summary: dict) -> str:
+    """The last step's reward and accuracy, then the task's evaluation (named as the task calls
+    it: held-out problems, or exact values), each beside its value at step 0 when it has one."""
+    f, at_start = summary["final"], summary.get("eval_at_start", {})
+    evals = "  ".join(f"{k.removeprefix('eval_')}={v:.3f}"
+                      + (f" (step 0: {at_start[k]:.3f})" if k in at_start else "")
+                      for k, v in summary["eval"].items())
+    return (f"done: {out}  reward={f.get('reward', float('nan')):.3f}  "
+            f"accuracy={f.get('accuracy', float('nan')):.3f}"
+            + (f"  tv_distance={summary['tv_distance']:.4f}"
+               if summary.get("tv_distance") is not None else "")
+            + (f"  {summary.get('evaluation', 'evaluation')}: {evals}" if evals else ""))
 
 
 def start(a: Attempt) -> dict:

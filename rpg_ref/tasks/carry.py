@@ -49,6 +49,7 @@ class CarryTask:
 
     name = "carry"
     default_engine = "hf"
+    evaluation = "held-out"
     PLUS, EQ, BOS, EOS, PAD, STEP, ANSWER, VOCAB = 10, 11, 12, 13, 14, 15, 16, 18
     eos_id, pad_id = EOS, PAD
     TOKENS = "0123456789+=^$_;>"  # one character per id, for reading responses (``show``)

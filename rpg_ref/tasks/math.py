@@ -92,6 +92,7 @@ class MathTask:
 
     name = "math"
     default_engine = "hf"
+    evaluation = "held-out"
 
     @dataclass
     class Options:

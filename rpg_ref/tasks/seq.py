@@ -28,6 +28,7 @@ class SeqTask:
 
     name = "seq"
     default_engine = "hf"
+    evaluation = "held-out"
     PLUS, EQ, BOS, EOS, PAD, VOCAB = 10, 11, 12, 13, 14, 16
     eos_id, pad_id = EOS, PAD
 
