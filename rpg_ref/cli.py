@@ -30,7 +30,7 @@ from typing import Annotated
 
 import tyro
 
-import rpg_ref.core.losses as L
+from rpg_ref.core.losses import LOSSES
 from rpg_ref.trainer import run_folder
 from rpg_ref.trainer.collectives import is_main
 from rpg_ref.trainer.config import (
@@ -62,7 +62,7 @@ DESCRIPTION = "\n".join((  # one line each (tyro does not wrap it: no name is cu
     f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults shown are what "
     f"runs with no flags: the preset {DEFAULT_PRESET!r}.",
     f"--preset NAME (or --task NAME) starts from another preset's values: {', '.join(PRESETS)}.",
-    f"--algo is one of: {', '.join(L.LOSSES)}."))
+    f"--algo is one of: {', '.join(LOSSES)}."))
 
 
 def _flags_class(table: dict) -> type:
@@ -157,7 +157,7 @@ def default_out(cfg: Config, given: dict) -> str:
     digits of a hash of the flags that change the preset's values (sorted: their order does not
     matter). Two configurations never share a folder; the run with no flags stays
     runs/seq-rpg-reinforce-urkl-s0."""
-    name = cfg.task if cfg.preset == preset_for(cfg.task, None) else cfg.preset
+    name = cfg.task if cfg.preset == cfg.task else cfg.preset
     options = {k: default_of(f) for k, (*_, f) in plugin_options().items()}
     defaults = {**DEFAULTS, "beta": DEFAULT_BETA, **options, **PRESETS[cfg.preset]}
     changed = {k: v for k, v in given.items()
