@@ -638,10 +638,12 @@ def test_a_bandit_stuck_away_from_its_optimum_warns_of_zero_gradients(tmp_path, 
     assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0], err
 
 
-def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path | None = None):
+def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path | None = None,
+                  interrupt_when_shown: bytes | None = None):
     """rpg-train run in a pseudo-terminal of 120 columns (so tqdm draws its bar), sent SIGINT once
-    ``out`` holds that many metrics rows (None: never); returns (exit code, the lines a terminal
-    shows: each line's text after its last carriage return, blank ones dropped)."""
+    ``out`` holds that many metrics rows, or once the terminal has shown ``interrupt_when_shown``
+    (None: never); returns (exit code, the lines a terminal shows: each line's text after its last
+    carriage return, blank ones dropped)."""
     import fcntl
     import pty
     import select
@@ -659,6 +661,9 @@ def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path
     while time.time() < deadline:
         if (interrupt_after_rows and not sent and (out / "metrics.jsonl").exists()
                 and (out / "metrics.jsonl").read_text().count("\n") >= interrupt_after_rows):
+            p.send_signal(signal.SIGINT)
+            sent = True
+        if interrupt_when_shown and not sent and interrupt_when_shown in shown:
             p.send_signal(signal.SIGINT)
             sent = True
         if select.select([master], [], [], 0.1)[0]:
@@ -690,6 +695,16 @@ def test_in_a_terminal_a_warning_has_its_own_line_and_ctrl_c_shows_one(tmp_path)
                                 interrupt_after_rows=2, out=out)
     assert code == 130 and len(lines) == 1, lines
     assert lines[0].startswith("rpg-train: interrupted (SIGINT) after step "), lines
+
+
+def test_ctrl_c_during_a_warm_start_shows_its_one_line_alone(tmp_path):
+    """In a terminal, Ctrl-C while the seq task's warm start draws its progress bar: the bar is
+    cleared, and the interruption's one line stands alone (exit 130)."""
+    code, lines = in_a_terminal(["--task", "seq", "--seq-warm-steps", "100000", "--cache-dir",
+                                 str(tmp_path / "cache"), "--out", str(tmp_path / "o")],
+                                interrupt_when_shown=b"supervised warm start")  # its bar
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith("rpg-train: interrupted (SIGINT)"), lines
 
 
 def test_resume_of_a_run_that_never_started_says_so(tmp_path, capsys):
