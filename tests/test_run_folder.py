@@ -609,6 +609,17 @@ def test_a_rising_reward_with_a_falling_held_out_accuracy_is_exploitation_not_co
     larger = type("Beta", (Cfg,), {"ref": "init", "beta": 0.1, "updates_per_step": 1})()
     line = metrics.Watch(larger, held_out_rows(rising, [0.6, 0.4, 0.1, 0.0])).verdict()
     assert line.endswith("add a larger --beta (now 0.1)"), line
+    # the carry task's trade: the accuracy 0.47 -> 0 and the responses 22 -> 3 tokens (a token
+    # cost of 0.02): the reward falls (0.03 -> -0.06), its part beyond the accuracy rises
+    shrinking = [{"step": t + 1, "loss": 0.1, "grad_norm": 0.1, "entropy": 1.0, "updates": 16,
+                  "accuracy": 0.47 if t < 5 else 0.0, "reward": (0.47 - 0.44) if t < 5 else -0.06}
+                 for t in range(20)]
+    line = metrics.Watch(cfg, shrinking).verdict()
+    assert line.startswith("rpg-train: warning: the reward is being exploited: its part beyond the "
+                           "accuracy (reward - accuracy: a token cost, a length penalty) rose from "
+                           "-0.44 at step 1 to -0.06 over steps 11-20 while accuracy 0 over steps "
+                           "11-20"), line
+    assert "--lr" not in line
     falling = rising[::-1]
     line = metrics.Watch(cfg, held_out_rows(falling, [0.6, 0.4, 0.1, 0.0])).verdict()
     assert line.startswith("rpg-train: warning: the policy collapsed: held-out sampled_accuracy 0 "

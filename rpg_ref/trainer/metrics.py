@@ -211,11 +211,19 @@ class Watch:
         if not falls:
             return None
         rows, last = self.rows, self.rows[-self.WINDOW:]
-        r0, r1 = rows[0]["reward"], sum(r["reward"] for r in last) / len(last)
-        if rows[0]["step"] == 1 and r1 > r0:  # the gold measure (held-out first) fell, not it
-            return (f"the reward is being exploited: the training reward rose from {r0:.3g} at "
-                    f"step 1 to {r1:.3g} over steps {last[0]['step']}-{last[-1]['step']} while "
+        steps = f"over steps {last[0]['step']}-{last[-1]['step']}"
+        rest = lambda r: r["reward"] - r.get("accuracy", 0.0)  # the reward beyond correctness
+        rewards = [(r["reward"], rest(r)) for r in last]
+        reward, beyond = (sum(x) / len(rewards) for x in zip(*rewards))
+        if rows[0]["step"] == 1 and reward > rows[0]["reward"]:  # the gold measure fell, not it
+            return (f"the reward is being exploited: the training reward rose from "
+                    f"{rows[0]['reward']:.3g} at step 1 to {reward:.3g} {steps} while "
                     f"{falls[0]}; {exploitation_advice(self.cfg)}")
+        if rows[0]["step"] == 1 and beyond > rest(rows[0]) + 1e-9:
+            return (f"the reward is being exploited: its part beyond the accuracy (reward - "
+                    f"accuracy: a token cost, a length penalty) rose from {rest(rows[0]):.3g} at "
+                    f"step 1 to {beyond:.3g} {steps} while {falls[0]}; "
+                    f"{exploitation_advice(self.cfg)}")
         return f"the policy collapsed: {falls[-1]}; {flag_advice(self.cfg)}"
 
     def _accuracy_fall(self) -> str | None:
