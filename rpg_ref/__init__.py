@@ -7,7 +7,7 @@ it, ``kl``, ``advantages``, ``exact``),
 ``rpg_ref.cli``), ``rpg_ref.tasks`` / ``rpg_ref.engines`` (the plug-ins, following
 ``rpg_ref.interfaces``), ``rpg_ref.models`` (Hugging Face policies), ``rpg_ref.math`` (the math
 domain), ``rpg_ref.audit`` (which objective a loss follows), ``rpg_ref.integrations`` (verl, TRL).
-Modules are imported by their full path: ``import rpg_ref.core.losses as L``.
+Modules are imported by their full path: ``from rpg_ref.core.losses import LOSSES``.
 """
 
 __version__ = "0.1.0"

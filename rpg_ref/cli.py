@@ -30,7 +30,7 @@ from typing import Annotated
 
 import tyro
 
-import rpg_ref.core.losses as L
+from rpg_ref.core.losses import LOSSES
 from rpg_ref.trainer import run_folder
 from rpg_ref.trainer.collectives import is_main
 from rpg_ref.trainer.config import (
@@ -62,7 +62,7 @@ DESCRIPTION = "\n".join((  # one line each (tyro does not wrap it: no name is cu
     f"Train with the RPG paper's losses (rpg_ref/trainer/train.py). The defaults shown are what "
     f"runs with no flags: the preset {DEFAULT_PRESET!r}.",
     f"--preset NAME (or --task NAME) starts from another preset's values: {', '.join(PRESETS)}.",
-    f"--algo is one of: {', '.join(L.LOSSES)}."))
+    f"--algo is one of: {', '.join(LOSSES)}."))
 
 
 def _flags_class(table: dict) -> type:
@@ -157,7 +157,7 @@ def default_out(cfg: Config, given: dict) -> str:
     digits of a hash of the flags that change the preset's values (sorted: their order does not
     matter). Two configurations never share a folder; the run with no flags stays
     runs/seq-rpg-reinforce-urkl-s0."""
-    name = cfg.task if cfg.preset == preset_for(cfg.task, None) else cfg.preset
+    name = cfg.task if cfg.preset == cfg.task else cfg.preset
     options = {k: default_of(f) for k, (*_, f) in plugin_options().items()}
     defaults = {**DEFAULTS, "beta": DEFAULT_BETA, **options, **PRESETS[cfg.preset]}
     changed = {k: v for k, v in given.items()
@@ -200,15 +200,24 @@ def main(argv: list | None = None) -> int:
     shutdown()
     if not is_main():
         return 0
-    f, cfg = summary["final"], a.cfg
-    print(f"done: {cfg.out}  reward={f.get('reward', float('nan')):.3f}  "
-          f"accuracy={f.get('accuracy', float('nan')):.3f}"
-          + (f"  tv_distance={summary['tv_distance']:.4f}"
-             if summary.get("tv_distance") is not None else "")
-          + "".join(f"  {k}={v:.3f}" for k, v in summary["eval"].items()))
+    print(done_line(a.cfg.out, summary))
     if summary.get("note"):  # what the numbers above mean for this task (e.g. a random model)
         print(f"note: {summary['note']}")
     return 0
+
+
+def done_line(out: str, summary: dict) -> str:
+    """The last step's reward and accuracy, then the task's evaluation (named as the task calls
+    it: held-out problems, or exact values), each beside its value at step 0 when it has one."""
+    f, at_start = summary["final"], summary.get("eval_at_start", {})
+    evals = "  ".join(f"{k.removeprefix('eval_')}={v:.3f}"
+                      + (f" (step 0: {at_start[k]:.3f})" if k in at_start else "")
+                      for k, v in summary["eval"].items())
+    return (f"done: {out}  reward={f.get('reward', float('nan')):.3f}  "
+            f"accuracy={f.get('accuracy', float('nan')):.3f}"
+            + (f"  tv_distance={summary['tv_distance']:.4f}"
+               if summary.get("tv_distance") is not None else "")
+            + (f"  {summary.get('evaluation', 'evaluation')}: {evals}" if evals else ""))
 
 
 def start(a: Attempt) -> dict:

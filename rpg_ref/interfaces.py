@@ -147,6 +147,9 @@ class Task(Protocol):
     default_engine: str
     eos_id: int | None  # None: responses always run to max_new_tokens (bandit)
     pad_id: int
+    # what ``evaluate`` measures, as the run's last line names it: "held-out" (problems never
+    # trained on: the gold measure) or "exact" (computed from the policy, nothing sampled)
+    evaluation: str
 
     def __init__(self, cfg, device: torch.device): ...
     def build_policy(self) -> nn.Module:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from rpg_ref.strict_json import step_rows
+from rpg_ref.trainer import run_folder
 
 PANELS = (  # (title, metric keys drawn in it, y label)
     ("reward", ("reward",), "mean reward"),
@@ -35,15 +36,21 @@ TABLE_KEYS = ("reward", "accuracy", "kl_old", "entropy", "clip_frac_low", "clip_
 def read_run(folder: Path) -> list[dict]:
     """The complete rows of FOLDER/metrics.jsonl (a row cut short by a kill is left out)."""
     path = folder / "metrics.jsonl"
-    if not path.is_file():
-        why = "no such folder" if not folder.exists() else "no metrics.jsonl in it"
-        raise ValueError(
-            f"{folder}: {why} (pass rpg-train output folders, e.g. runs/seq-rpg-reinforce-urkl-s0)"
-        )
-    rows = [row for _, row, _ in step_rows(path)]  # a bad row: ValueError naming file:line
-    if not rows:
-        raise ValueError(f"{path}: no completed step yet")
-    return rows
+    rows = [row for _, row, _ in step_rows(path)] if path.is_file() else []  # bad row: file:line
+    if rows:
+        return rows
+    if run_folder.in_use(folder):  # a live rpg-train holds the folder
+        when = ("before its first step" if (folder / "config.json").is_file() else
+                "still setting up (building its policy: a warm start, a model load)")
+        raise ValueError(f"{folder}: an rpg-train run that is running, {when}: no completed "
+                         f"step to plot yet; plot it again once its first step is done")
+    if (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: an rpg-train run that stopped before completing a step: "
+                         f"nothing to plot; continue it with rpg-train --resume {folder}")
+    why = "no such folder" if not folder.exists() else "no metrics.jsonl in it"
+    raise ValueError(
+        f"{folder}: {why} (pass rpg-train output folders, e.g. runs/seq-rpg-reinforce-urkl-s0)"
+    )
 
 
 def labels_for(folders: list[Path]) -> list[str]:

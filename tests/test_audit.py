@@ -611,6 +611,38 @@ def test_cli_loss_failing_on_some_batch_is_one_line(tmp_path, capfd, kind):
     assert not re.search("torch|oneMKL|INTERNAL|report a bug", line, re.IGNORECASE), line
 
 
+# a loss that changes an input in place: named as such, not as a batch-coupled aggregation
+MUTATING = {"advantages": "    advantages += 1\n", "ref_logp": "    ref_logp.add_(0.1)\n",
+            "mask": "    mask.mul_(2)\n"}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATING))
+def test_cli_loss_changing_an_input_in_place_is_named(tmp_path, capsys, name):
+    """A --loss that changes one of its inputs in place is told so in one line naming the input and
+    the fix (exit 2), not that it aggregates wrongly."""
+    (tmp_path / "mine.py").write_text(HEAD + MUTATING[name] + PG + "    return out\n",
+                                      encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        audit.main(["--loss", f"{tmp_path / 'mine.py'}:loss", "--horizons", "1"])
+    err = capsys.readouterr()
+    line = one_line_of(err.err).strip()
+    assert e.value.code == 2 and err.out == "", err
+    assert f"changed {name} in place" in line and f"`{name} = {name} + 1`" in line, line
+    assert "aggregat" not in line and "mean of its responses" not in line, line
+
+
+def test_audit_names_a_loss_that_changes_its_inputs_on_some_batch_only():
+    """From Python (no probe call first): a loss changing the advantages in place on batches of
+    more than 2 responses only raises LossFailed naming the input, before any verdict."""
+    def loss(logp, old_logp, ref_logp, advantages, mask):
+        if len(logp) > 2:
+            advantages += 1
+        return -(torch.exp(logp - old_logp) * advantages[:, None] * mask).sum(1).mean()
+
+    with pytest.raises(audit.LossFailed, match=r"^mine: changed advantages in place on a \[9, 2\]"):
+        audit.audit([audit.Adapter("mine", loss, 0.1, "mine", True)], horizons=(2,))
+
+
 def test_audit_names_the_adapter_whose_loss_fails():
     """From Python: audit() raises LossFailed (a ValueError) naming the adapter and the shape."""
     def loss(logp, old_logp, ref_logp, advantages, mask):

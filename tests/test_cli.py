@@ -418,3 +418,37 @@ def test_rpg_figs_on_rpg_train_runs_names_the_rpg_plot_command(tmp_path, capsys)
     assert len(err) == 1 and "rpg-plot" in err[0], err
     assert str(tmp_path / "runs" / "a") in err[0] and str(tmp_path / "runs" / "b") in err[0]
     assert not (tmp_path / "figs").exists()
+
+
+def test_rpg_plot_tells_a_run_with_no_step_yet_from_a_wrong_folder(tmp_path, capsys):
+    """rpg-plot on a run folder with no completed step: one line (exit 2) saying which it is, a run
+    still setting up (its warm start) or before its first step while another process holds the
+    folder, or a run stopped before its first step (with its --resume command); a folder that is
+    no run is still told to pass rpg-train output folders."""
+    pytest.importorskip("matplotlib")
+    from rpg_ref import plot
+
+    def said(folder) -> str:
+        assert plot.main([str(folder), "--out", str(tmp_path / "x.png")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        return err[0]
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom rpg_ref.trainer import run_folder\n"
+         "run_folder.claim(sys.argv[1]); print('held', flush=True); time.sleep(120)", str(run)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        line = said(run)
+        assert "run that is running, still setting up (building its policy: a warm start" in line
+        (run / "config.json").write_text("{}")
+        assert "an rpg-train run that is running, before its first step" in said(run)
+    finally:
+        holder.kill()
+        holder.wait()
+    line = said(run)
+    assert "stopped before completing a step" in line and f"rpg-train --resume {run}" in line
+    (tmp_path / "empty").mkdir()
+    assert "no metrics.jsonl in it (pass rpg-train output folders" in said(tmp_path / "empty")

@@ -42,3 +42,19 @@ def test_qwen3_4b_h100_is_the_papers_recipe_on_one_gpu():
     assert p["mini_batch_size"] % p["micro_batch_size"] == 0
     assert [PRESETS[f"qwen3-4b-h100{s}"]["max_new_tokens"] for s in ("", "-4k", "-8k")] == \
         list(PAPER_HPARAMS["response_lengths"])
+
+
+def test_a_task_without_a_preset_of_its_own_is_refused_without_preset(monkeypatch):
+    """A registered task with no preset named like it: `--task NAME` alone is one line asking for
+    --preset (the default preset's max-new-tokens, lr and clip were made for another task); with
+    --preset the run is configured from the preset named."""
+    from rpg_ref import cli
+    from rpg_ref.registry import TASKS
+
+    monkeypatch.setitem(TASKS, "mine", "rpg_ref.tasks.seq:SeqTask")
+    with pytest.raises(ValueError, match=r"task 'mine' has no preset of its own.*--preset NAME"):
+        cli.parse_config(["--task", "mine"])
+    cfg = cli.parse_config(["--task", "mine", "--preset", "seq", "--out", "unused"])
+    assert (cfg.task, cfg.preset, cfg.lr) == ("mine", "seq", PRESETS["seq"]["lr"])
+    with pytest.raises(ValueError, match="unknown task"):
+        cli.parse_config(["--task", "chess"])

@@ -516,6 +516,7 @@ def test_a_run_whose_weights_blow_up_stops_in_one_line(tmp_path, capsys):
 class Cfg:
     """What Watch reads of a Config."""
     lr, grad_clip, ref, beta, prompts_per_step, group_size = 0.5, 1.0, "iterative", 1e-3, 4, 4
+    mini_batch_size, updates_per_step = 8, None
 
 
 def test_watch_stops_at_a_non_finite_row_and_reports_a_zero_gradient_once():
@@ -581,6 +582,51 @@ def test_the_collapse_rule_warns_on_a_collapse_and_almost_never_on_noise():
         assert "down from" in line and "at step 1" in line and "lower --lr (now 0.5)" in line
 
 
+def held_out_rows(rewards: list, held_out: list) -> list:
+    """Rows of a run with these training rewards and, every 5 steps from step 1, these held-out
+    accuracies (training accuracy flat at 0.3: only the held-out measure moves)."""
+    rows = [{"step": t + 1, "loss": 0.1, "grad_norm": 0.1, "entropy": 1.0, "reward": r,
+             "accuracy": 0.3, "updates": 16} for t, r in enumerate(rewards)]
+    for row, acc in zip(rows[::5], held_out):
+        row["eval_sampled_accuracy"] = acc
+    return rows
+
+
+def test_a_rising_reward_with_a_falling_held_out_accuracy_is_exploitation_not_collapse():
+    """The training reward rises (-0.285 -> -0.05) while the held-out accuracy falls to 0: the
+    warning says the reward is being exploited, names the held-out measure, and advises a KL term
+    to the start and fewer updates per batch, not a lower learning rate. The same held-out fall
+    with a falling reward is a collapse, with the learning-rate advice."""
+    rising = [-0.285 + 0.235 * t / 19 for t in range(20)]  # steps 11-20: -0.285 + 0.235 * 14.5 / 19
+    cfg = type("Hacked", (Cfg,), {"ref": "init", "beta": 0.0, "updates_per_step": 16})()
+    line = metrics.Watch(cfg, held_out_rows(rising, [0.6, 0.4, 0.1, 0.0])).verdict()
+    assert line.startswith("rpg-train: warning: the reward is being exploited: the training "
+                           "reward rose from -0.285 at step 1 to -0.106 over steps 11-20 while "
+                           "held-out sampled_accuracy 0 at step 16, down from 0.6 at step 1"), line
+    assert line.endswith("add a KL term to the start (--ref init and --beta > 0; now --ref init, "
+                         "--beta 0) or fewer updates per batch (now 16: --updates-per-step)"), line
+    assert "--lr" not in line
+    larger = type("Beta", (Cfg,), {"ref": "init", "beta": 0.1, "updates_per_step": 1})()
+    line = metrics.Watch(larger, held_out_rows(rising, [0.6, 0.4, 0.1, 0.0])).verdict()
+    assert line.endswith("add a larger --beta (now 0.1)"), line
+    # the carry task's trade: the accuracy 0.47 -> 0 and the responses 22 -> 3 tokens (a token
+    # cost of 0.02): the reward falls (0.03 -> -0.06), its part beyond the accuracy rises
+    shrinking = [{"step": t + 1, "loss": 0.1, "grad_norm": 0.1, "entropy": 1.0, "updates": 16,
+                  "accuracy": 0.47 if t < 5 else 0.0, "reward": (0.47 - 0.44) if t < 5 else -0.06}
+                 for t in range(20)]
+    line = metrics.Watch(cfg, shrinking).verdict()
+    assert line.startswith("rpg-train: warning: the reward is being exploited: its part beyond the "
+                           "accuracy (reward - accuracy: a token cost, a length penalty) rose from "
+                           "-0.44 at step 1 to -0.06 over steps 11-20 while accuracy 0 over steps "
+                           "11-20"), line
+    assert "--lr" not in line
+    falling = rising[::-1]
+    line = metrics.Watch(cfg, held_out_rows(falling, [0.6, 0.4, 0.1, 0.0])).verdict()
+    assert line.startswith("rpg-train: warning: the policy collapsed: held-out sampled_accuracy 0 "
+                           "at step 16"), line
+    assert line.endswith("lower --lr (now 0.5)"), line
+
+
 def test_a_bandit_at_its_optimum_converges_without_a_warning(tmp_path, capsys):
     """--lr 1000: one update puts every response on the best arm; with pi_ref = pi_old that is the
     optimum, so the zero gradient that follows is convergence: no warning, exit 0, and
@@ -603,10 +649,12 @@ def test_a_bandit_stuck_away_from_its_optimum_warns_of_zero_gradients(tmp_path, 
     assert len(err) == 1 and "steps 2-4: every update had a zero gradient" in err[0], err
 
 
-def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path | None = None):
+def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path | None = None,
+                  interrupt_when_shown: bytes | None = None):
     """rpg-train run in a pseudo-terminal of 120 columns (so tqdm draws its bar), sent SIGINT once
-    ``out`` holds that many metrics rows (None: never); returns (exit code, the lines a terminal
-    shows: each line's text after its last carriage return, blank ones dropped)."""
+    ``out`` holds that many metrics rows, or once the terminal has shown ``interrupt_when_shown``
+    (None: never); returns (exit code, the lines a terminal shows: each line's text after its last
+    carriage return, blank ones dropped)."""
     import fcntl
     import pty
     import select
@@ -624,6 +672,9 @@ def in_a_terminal(argv: list, interrupt_after_rows: int | None = None, out: Path
     while time.time() < deadline:
         if (interrupt_after_rows and not sent and (out / "metrics.jsonl").exists()
                 and (out / "metrics.jsonl").read_text().count("\n") >= interrupt_after_rows):
+            p.send_signal(signal.SIGINT)
+            sent = True
+        if interrupt_when_shown and not sent and interrupt_when_shown in shown:
             p.send_signal(signal.SIGINT)
             sent = True
         if select.select([master], [], [], 0.1)[0]:
@@ -655,6 +706,16 @@ def test_in_a_terminal_a_warning_has_its_own_line_and_ctrl_c_shows_one(tmp_path)
                                 interrupt_after_rows=2, out=out)
     assert code == 130 and len(lines) == 1, lines
     assert lines[0].startswith("rpg-train: interrupted (SIGINT) after step "), lines
+
+
+def test_ctrl_c_during_a_warm_start_shows_its_one_line_alone(tmp_path):
+    """In a terminal, Ctrl-C while the seq task's warm start draws its progress bar: the bar is
+    cleared, and the interruption's one line stands alone (exit 130)."""
+    code, lines = in_a_terminal(["--task", "seq", "--seq-warm-steps", "100000", "--cache-dir",
+                                 str(tmp_path / "cache"), "--out", str(tmp_path / "o")],
+                                interrupt_when_shown=b"supervised warm start")  # its bar
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith("rpg-train: interrupted (SIGINT)"), lines
 
 
 def test_resume_of_a_run_that_never_started_says_so(tmp_path, capsys):

@@ -628,3 +628,38 @@ def test_a_collapsed_seq_run_ends_with_one_warning(tmp_path, cache_dir, capsys):
     assert "down from 0.438 at step 1, every step below half of it since step 2" in err[0]
     assert err[0].endswith("lower --lr (now 0.01)")
     assert json.loads((out / "summary.json").read_text())["health"] in err[0]
+
+
+def test_the_evaluation_at_step_0_leaves_the_run_as_it_was_and_the_last_line_shows_it(
+        tmp_path, cache_dir, monkeypatch, capsys):
+    """A fresh run evaluates its initial policy (the warm start) before step 1, outside the
+    training stream: with an evaluation that draws from torch's generator (as a sampled one does),
+    the run logs the same rows and ends with bitwise the same weights as with that evaluation
+    skipped. Its values are kept in OUT/eval_at_start.json and the last line names the evaluation
+    held-out, each value beside its value at step 0."""
+    from safetensors.torch import load_file
+
+    from rpg_ref.tasks.seq import SeqTask
+
+    greedy = SeqTask.evaluate
+
+    def drawing(self, policy, engine):
+        torch.rand(7)  # a draw from the global stream: a sampled evaluation's
+        return greedy(self, policy, engine)
+
+    monkeypatch.setattr(SeqTask, "evaluate", drawing)
+    argv = small_seq_argv(cache_dir=cache_dir, steps=2, eval_every=1, progress=False)
+    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    done = capsys.readouterr().out.strip().splitlines()[-1]
+    at_start = json.loads((tmp_path / "a" / train.START_EVAL).read_text())
+    final = rows(tmp_path / "a")[-1]
+    assert set(at_start) == {"eval_greedy_accuracy"}
+    assert done.endswith(f"held-out: greedy_accuracy={final['eval_greedy_accuracy']:.3f} "
+                         f"(step 0: {at_start['eval_greedy_accuracy']:.3f})"), done
+    monkeypatch.setattr(train, "evaluation_at_start", lambda *a, **k: {})
+    assert cli.main([*argv, "--out", str(tmp_path / "b")]) == 0
+    strip = lambda x: {k: v for k, v in x.items() if not any(s in k for s in VOLATILE)}
+    assert [strip(x) for x in rows(tmp_path / "a")] == [strip(x) for x in rows(tmp_path / "b")]
+    ta, tb = (load_file(tmp_path / r / "checkpoints" / "step_000002" / "model.safetensors")
+              for r in "ab")
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)

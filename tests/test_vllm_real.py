@@ -539,7 +539,8 @@ def test_sampler_lag_with_vllm_samples_the_weights_k_updates_old(tmp_path, monke
     assert cli.main(argv) == 0
     assert len(batches) == steps and "eval_greedy_accuracy" in _rows(out)[2]
     cfg = cli.parse_config(["--resume", str(out)])
-    model = Qwen3ForCausalLM(SeqTask(cfg, torch.device("cpu")).model_config()).eval()
+    task = SeqTask(cfg, torch.device("cpu"))
+    model = Qwen3ForCausalLM(task.lm.config(task.opt)).eval()
 
     def logprobs_of(step: int, b) -> torch.Tensor:  # [N, T] under the weights after `step`
         name = "ref.safetensors" if step == 0 else "model.safetensors"

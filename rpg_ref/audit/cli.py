@@ -28,7 +28,13 @@ from pathlib import Path
 import torch
 
 from rpg_ref.audit.adapter import BETA, Adapter
-from rpg_ref.audit.core import HORIZONS, LossFailed, Policies
+from rpg_ref.audit.core import (
+    HORIZONS,
+    LossFailed,
+    Policies,
+    changed_in_place,
+    mutation_advice,
+)
 from rpg_ref.audit.report import LEGEND, LEGEND_MORE, format_table, to_markdown
 from rpg_ref.audit.run import audit
 
@@ -85,14 +91,11 @@ def user_adapter(spec: str, beta: float, level: str) -> Adapter:
     # one call on a tiny batch before any work: a wrong signature or result is named here
     B, H = 2, 2
     logp = torch.full((B, H), -1.0, dtype=torch.float64, requires_grad=True)
+    inputs = (logp, logp.detach() - 0.1, logp.detach() - 0.2,
+              torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(B, H, dtype=torch.float64))
+    before = tuple(t.detach().clone() for t in inputs)
     try:
-        out = loss(
-            logp,
-            logp.detach() - 0.1,
-            logp.detach() - 0.2,
-            torch.tensor([1.0, -1.0], dtype=torch.float64),
-            torch.ones(B, H, dtype=torch.float64),
-        )
+        out = loss(*inputs)
     except Exception as e:  # noqa: BLE001
         raise UserError(
             f"--loss {spec}: calling it as fn(logp, old_logp, ref_logp, advantages, mask) on a "
@@ -106,6 +109,9 @@ def user_adapter(spec: str, beta: float, level: str) -> Adapter:
     if not bool(torch.isfinite(out.detach()).all()):
         raise UserError(f"--loss {spec}: returned {float(out.detach())} on a finite [{B}, {H}] "
                         f"batch")
+    if changed := changed_in_place(before, inputs):
+        raise UserError(f"--loss {spec}: changed {' and '.join(changed)} in place on a [{B}, {H}] "
+                        f"batch: {mutation_advice(changed)}")
     name = spec.rpartition(":")[2]
     return Adapter(name, loss, beta, "user", True, level, f"--loss {spec}")
 

@@ -188,16 +188,38 @@ class LossFailed(ValueError):
         super().__init__(f"{adapter.name}: {self.detail}")
 
 
+INPUT_NAMES = ("logp", "old_logp", "ref_logp", "advantages", "mask")  # the loss's arguments
+
+
+def changed_in_place(before: tuple, after: tuple) -> list[str]:
+    """The names (INPUT_NAMES) of the loss's inputs whose values differ after the call from the
+    copies taken before it."""
+    return [name for name, b, a in zip(INPUT_NAMES, before, after)
+            if not torch.equal(b, a.detach())]
+
+
+def mutation_advice(names: list[str]) -> str:
+    """Why a loss must leave its inputs as they were, and the fix, for inputs ``names``."""
+    x = names[0]
+    return (f"a loss must not change its inputs (a trainer hands the same tensors to several "
+            f"calls); compute on a copy: `{x} = {x} + 1`, not `{x} += 1`")
+
+
 def _call(adapter: Adapter, prob: Problem, logp: Tensor, adv: Tensor, rows=slice(None)) -> Tensor:
-    """The loss on one batch, checked: a finite scalar tensor, else LossFailed."""
+    """The loss on one batch, checked: a finite scalar tensor that left its inputs as they were,
+    else LossFailed. The inputs are copies: a loss that changes them cannot change the problem."""
+    inputs = (logp, prob.old_tok[rows].clone(), prob.ref_tok[rows].clone(), adv[rows].clone(),
+              torch.ones_like(logp))
+    before = tuple(t.detach().clone() for t in inputs)
     try:
-        out = adapter.loss(
-            logp, prob.old_tok[rows], prob.ref_tok[rows], adv[rows], torch.ones_like(logp)
-        )
+        out = adapter.loss(*inputs)
     except Exception as e:  # noqa: BLE001 -- the audited loss is another author's code
         first = (str(e).strip().splitlines() or [""])[0]
         raise LossFailed(adapter, logp, f"raised {type(e).__name__}", first or "(no message)"
                          ) from None
+    if changed := changed_in_place(before, inputs):
+        raise LossFailed(adapter, logp, f"changed {' and '.join(changed)} in place",
+                         mutation_advice(changed))
     if not (isinstance(out, Tensor) and out.numel() == 1 and out.is_floating_point()):
         got = (f"a {out.dtype} tensor of shape {list(out.shape)}" if isinstance(out, Tensor)
                else type(out).__name__)

@@ -82,6 +82,7 @@ class BanditTask:
 
     name = "bandit"
     default_engine = "sample"
+    evaluation = "exact"
     eos_id = None
     pad_id = 0
 

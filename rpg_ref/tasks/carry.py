@@ -27,15 +27,15 @@ warm start is what keeps it writing (docs/carry_task.md). The warm-started weigh
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from rpg_ref.interfaces import Prompt, init_seed, task_progress
-from rpg_ref.tasks.warm_cache import cached_warm_start
+from rpg_ref.interfaces import Prompt
+from rpg_ref.tasks.tiny_lm import TinyLM, TinyLMOptions
 
 # the options that shape the warm-started weights (the cache key); the reward's and the
 # evaluation's options do not
@@ -49,12 +49,15 @@ class CarryTask:
 
     name = "carry"
     default_engine = "hf"
+    evaluation = "held-out"
     PLUS, EQ, BOS, EOS, PAD, STEP, ANSWER, VOCAB = 10, 11, 12, 13, 14, 15, 16, 18
     eos_id, pad_id = EOS, PAD
     TOKENS = "0123456789+=^$_;>"  # one character per id, for reading responses (``show``)
 
     @dataclass
-    class Options:
+    class Options(TinyLMOptions):
+        TASK: ClassVar[str] = "carry"
+
         max_digits: int = field(default=6, metadata={"help": "operands have 1..max-digits digits"})
         direct_frac: float = field(
             default=0.3, metadata={"help": "share of direct answers (no work) in the warm start"})
@@ -64,13 +67,8 @@ class CarryTask:
         token_cost: float = field(
             default=0.02, metadata={"help": "training reward: correct minus this per response "
                                             "token (0: reward = correct)"})
-        hidden: int = field(default=128, metadata={"help": "model width"})
-        layers: int = field(default=2, metadata={"help": "transformer layers"})
-        heads: int = field(default=4, metadata={"help": "attention heads"})
         warm_steps: int = field(
             default=800, metadata={"help": "supervised warm-start steps (0 = none)"})
-        warm_lr: float = field(default=3e-3, metadata={"help": "warm-start learning rate"})
-        warm_batch: int = field(default=64, metadata={"help": "warm-start batch size"})
         eval_size: int = field(
             default=256, metadata={"help": "held-out problems of the evaluation"})
         eval_samples: int = field(
@@ -79,24 +77,12 @@ class CarryTask:
                                          "Mean@32); 0: one greedy response each"})
 
         def __post_init__(self):
-            for name, ok, rule in (
-                    ("max-digits", 1 <= self.max_digits <= 17, "in [1, 17]"),
-                    ("direct-frac", 0 <= self.direct_frac <= 1, "in [0, 1]"),
-                    ("credit", self.credit in ("exact", "digits"), "'exact' or 'digits'"),
-                    ("token-cost", 0 <= self.token_cost < math.inf, "finite and >= 0"),
-                    ("hidden", self.hidden >= 1, ">= 1"),
-                    ("heads", 1 <= self.heads <= self.hidden,
-                     f"in [1, --carry-hidden {self.hidden}]"),
-                    ("layers", self.layers >= 1, ">= 1"),
-                    ("warm-steps", self.warm_steps >= 0, ">= 0"),
-                    ("warm-lr", 0 < self.warm_lr < math.inf, "finite and > 0"),
-                    ("warm-batch", self.warm_batch >= 1, ">= 1"),
-                    ("eval-size", self.eval_size >= 1, ">= 1"),
-                    ("eval-samples", self.eval_samples >= 0, ">= 0")):
-                if not ok:
-                    value = getattr(self, name.replace("-", "_"))
-                    raise ValueError(f"bad configuration: --carry-{name} must be {rule}, "
-                                     f"got {value}")
+            self.check(("max-digits", 1 <= self.max_digits <= 17, "in [1, 17]"),
+                       ("direct-frac", 0 <= self.direct_frac <= 1, "in [0, 1]"),
+                       ("credit", self.credit in ("exact", "digits"), "'exact' or 'digits'"),
+                       ("token-cost", 0 <= self.token_cost < math.inf, "finite and >= 0"),
+                       ("eval-size", self.eval_size >= 1, ">= 1"),
+                       ("eval-samples", self.eval_samples >= 0, ">= 0"))
 
     def __init__(self, cfg, device: torch.device):
         self.opt = self.Options(**cfg.task_options)
@@ -107,6 +93,9 @@ class CarryTask:
                              f"--max-new-tokens >= {need} (the longest worked answer)")
         self.eval_prompts = self.sample_prompts(self.opt.eval_size,
                                                 torch.Generator().manual_seed(12345))
+        D = self.opt.max_digits  # prompt + longest response: 54 at the default 6 digits
+        self.lm = TinyLM(self.VOCAB, self.BOS, self.EOS, self.PAD,
+                         max_positions=max(128, 2 * D + 3 + self.max_response_len(D)))
 
     @staticmethod
     def max_response_len(digits: int) -> int:
@@ -173,57 +162,16 @@ class CarryTask:
 
     # --- the policy ---
 
-    def model_config(self):
-        from transformers import Qwen3Config
-
-        o = self.opt
-        return Qwen3Config(
-            vocab_size=self.VOCAB, hidden_size=o.hidden, intermediate_size=2 * o.hidden,
-            num_hidden_layers=o.layers, num_attention_heads=o.heads,
-            num_key_value_heads=max(1, o.heads // 2), head_dim=o.hidden // o.heads,
-            # prompt + longest response: 54 at the default 6 digits
-            max_position_embeddings=max(128, 2 * o.max_digits + 3
-                                        + self.max_response_len(o.max_digits)),
-            tie_word_embeddings=True, bos_token_id=self.BOS,
-            eos_token_id=self.EOS, pad_token_id=self.PAD, attn_implementation="sdpa")
-
     def build_policy(self) -> nn.Module:
-        from transformers import Qwen3ForCausalLM
-
-        mcfg = self.model_config()
-        model = Qwen3ForCausalLM(mcfg).to(self.device)
-        if self.opt.warm_steps == 0:
-            return model
         warm = {k: getattr(self.opt, k) for k in WARM_KEYS}
-        key = json.dumps([mcfg.to_dict(), warm, init_seed(self.cfg)], sort_keys=True, default=str)
-        return cached_warm_start(model, self.cfg.cache_dir, "carry-warm", key, self._warm_start)
+        return self.lm.build(self.opt, self.cfg, self.device, warm, self._examples)
 
-    def _warm_start(self, model: nn.Module) -> None:
-        """Supervised phase: cross-entropy on the response tokens of random problems, each written
-        with its work or directly (--carry-direct-frac), from a generator of its own."""
-        gen = torch.Generator().manual_seed(init_seed(self.cfg) + 7)
-        opt = torch.optim.AdamW(model.parameters(), lr=self.opt.warm_lr)
-        bar = task_progress(self.opt.warm_steps, f"supervised warm start (cached in "
-                            f"{self.cfg.cache_dir} for later runs)", self.cfg.progress)
-        for _ in range(self.opt.warm_steps):
-            ps = self.sample_prompts(self.opt.warm_batch, gen)
-            direct = (torch.rand(len(ps), generator=gen) < self.opt.direct_frac).tolist()
-            seqs = [p.ids + self.target(*p.answer, d) for p, d in zip(ps, direct)]
-            L = max(map(len, seqs))
-            ids = torch.full((len(seqs), L), self.PAD)  # [B, L] right-padded
-            labels = torch.full((len(seqs), L), -100)  # [B, L] loss on responses only
-            for i, (p, s) in enumerate(zip(ps, seqs)):
-                ids[i, : len(s)] = torch.tensor(s)
-                labels[i, len(p.ids) : len(s)] = torch.tensor(s[len(p.ids) :])
-            ids, labels = ids.to(self.device), labels.to(self.device)
-            loss = model(input_ids=ids, attention_mask=(ids != self.PAD).long(), labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
+    def _examples(self, gen: torch.Generator) -> list:
+        """A warm-start batch: random problems, each written with its work or directly
+        (--carry-direct-frac)."""
+        ps = self.sample_prompts(self.opt.warm_batch, gen)
+        direct = (torch.rand(len(ps), generator=gen) < self.opt.direct_frac).tolist()
+        return [(p.ids, self.target(*p.answer, d)) for p, d in zip(ps, direct)]
 
     # --- evaluation ---
 

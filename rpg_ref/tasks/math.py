@@ -114,6 +114,7 @@ class MathTask:
 
     name = "math"
     default_engine = "hf"
+    evaluation = "held-out"
 
     @dataclass
     class Options:

@@ -20,11 +20,11 @@ from typing import Annotated, Any, NamedTuple
 import torch
 import tyro
 
-import rpg_ref.core.losses as L
-import rpg_ref.trainer.rollout_correction as RC
 from rpg_ref.core.advantages import ADVANTAGES, GROUP_ESTIMATORS, TOKEN_LEVEL
+from rpg_ref.core.losses import AGGREGATIONS, LEVELS, SPECS, LossOptions, resolve_options
 from rpg_ref.registry import ENGINES, TASKS, resolve
 from rpg_ref.trainer.presets import DEFAULT_PRESET, PRESETS
+from rpg_ref.trainer.rollout_correction import check_options as check_rollout_correction
 
 
 class Rule(NamedTuple):
@@ -81,7 +81,7 @@ class Config:
     preset: str | None = _f(None, "named preset of hyperparameters (see PRESETS); explicit flags "
                             "override it. None: the preset named like --task if there is one, "
                             "else 'seq'")
-    task: str = _f("seq", "task: one of rpg_ref.registry.TASKS (bandit, seq, math)")
+    task: str = _f("seq", f"task: one of rpg_ref.registry.TASKS ({', '.join(TASKS)})")
     out: str | None = _f(None, "output folder (None: runs/<task>-<algo>-s<seed>, plus a hash of "
                          "the flags that change the preset's values)")
     resume: str | None = _f(
@@ -124,8 +124,8 @@ class Config:
         "bound). None: the loss's own (none for rpg losses)")
     no_clip: Annotated[bool, tyro.conf.FlagCreatePairsOff] = _f(  # --no-clip only
         False, "no clipping (rpg losses only; PPO-type baselines always clip)")
-    level: str = _f("token", f"importance-ratio level: one of {L.LEVELS}")
-    agg: str = _f("token-mean", f"loss aggregation: one of {L.AGGREGATIONS}")
+    level: str = _f("token", f"importance-ratio level: one of {LEVELS}")
+    agg: str = _f("token-mean", f"loss aggregation: one of {AGGREGATIONS}")
     ref: str = _f("iterative", "pi_ref: 'iterative' (pi_ref = pi_old, one model) or 'init' "
                   "(frozen initial policy, a second model)", one_of("iterative", "init"))
 
@@ -145,7 +145,7 @@ class Config:
         if adv not in ADVANTAGES:
             _bad(f"unknown advantage estimator --adv {self.adv!r}; valid: auto, "
                  f"{', '.join(ADVANTAGES)}")
-        if (adv in TOKEN_LEVEL) != L.SPECS[self.algo].kl_in_reward:
+        if (adv in TOKEN_LEVEL) != SPECS[self.algo].kl_in_reward:
             _bad(f"--adv {adv} does not fit --algo {self.algo} (reinforce++ losses need "
                  f"reinforce++ advantages)")
         if self.group_size == 1 and adv in GROUP_ESTIMATORS:
@@ -199,7 +199,7 @@ class Config:
         mode, level, cap = (self.rollout_correction, self.rollout_correction_level,
                             self.rollout_correction_cap)
         try:
-            RC.check_options(mode, level, cap)
+            check_rollout_correction(mode, level, cap)
         except ValueError as e:  # named: the flag the message speaks of
             which = next((f"-{w}" for w in ("cap", "level") if f"correction {w}" in str(e)), "")
             _bad(f"--rollout-correction{which}: {e}")
@@ -313,19 +313,19 @@ def engine_for(task: str, engine: str) -> str:
     return resolve(TASKS, task, "task").default_engine if engine == "auto" else engine
 
 
-def loss_options(cfg: Config) -> L.LossOptions:
+def loss_options(cfg: Config) -> LossOptions:
     """The run's loss options, resolved here and nowhere else: beta (None: DEFAULT_BETA, or 0 for
     a loss with no KL term) and where it goes (the loss, or the reward for reinforce++), the clip
     bounds (the loss's default without --clip), level and aggregation. The Config keeps the beta
     resolved here; the loop reads everything else from the options (train.Run.loss)."""
-    spec = L.SPECS.get(cfg.algo)  # an unknown name: resolve_options lists the valid ones
+    spec = SPECS.get(cfg.algo)  # an unknown name: resolve_options lists the valid ones
     beta = spec.default_beta(DEFAULT_BETA) if cfg.beta is None and spec else cfg.beta
-    return L.resolve_options(cfg.algo, beta=beta, clip=cfg.clip, level=cfg.level,
+    return resolve_options(cfg.algo, beta=beta, clip=cfg.clip, level=cfg.level,
                              agg=cfg.agg, no_clip=cfg.no_clip, run=True)
 
 
 def resolved_adv(cfg: Config) -> str:
-    return L.SPECS[cfg.algo].advantage if cfg.adv == "auto" else cfg.adv
+    return SPECS[cfg.algo].advantage if cfg.adv == "auto" else cfg.adv
 
 
 def plugin_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
@@ -342,7 +342,14 @@ def plugin_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
 
 
 def preset_for(task: str | None, preset: str | None) -> str:
-    """The preset a run uses: the one named, else the one named like the task, else the default."""
+    """The preset a run uses: the one named, else the one named like the task, else (no task
+    named) the default. A registered task with no preset of its own is refused without --preset:
+    another task's max-new-tokens, learning rate and clip would not fit it."""
+    if preset is None and task is not None and task not in PRESETS and task in TASKS:
+        _bad(f"task {task!r} has no preset of its own, and another task's values (max-new-tokens, "
+             f"lr, clip) would not fit it: name the one to start from with --preset NAME (one of "
+             f"{', '.join(PRESETS)}), or add a preset named {task!r} to "
+             f"rpg_ref/trainer/presets.py")
     name = preset or (task if task in PRESETS else DEFAULT_PRESET)
     if name not in PRESETS:
         _bad(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
@@ -355,7 +362,7 @@ def from_preset(preset: str | None = None, **given) -> Config:
     gives way to a loss with no KL term (dapo: 0) and its clip to no_clip."""
     name = preset_for(given.get("task"), preset)
     values = {**copy.deepcopy(PRESETS[name]), **given, "preset": name}
-    spec = L.SPECS.get(values.get("algo", DEFAULTS["algo"]))
+    spec = SPECS.get(values.get("algo", DEFAULTS["algo"]))
     if "beta" not in given and spec is not None and not spec.has_kl:
         values.pop("beta", None)
     if given.get("no_clip") and "clip" not in given:

@@ -46,3 +46,13 @@ def flag_advice(cfg) -> str:
     """The flags that most often make a run diverge, with their values."""
     clip = "" if cfg.grad_clip > 0 else f" or set --grad-clip > 0 (now {cfg.grad_clip:g}: off)"
     return f"lower --lr (now {cfg.lr:g}){clip}"
+
+
+def exploitation_advice(cfg) -> str:
+    """What holds back a policy that exploits its reward, with the flags' values."""
+    kl = (f"a KL term to the start (--ref init and --beta > 0; now --ref {cfg.ref}, --beta "
+          f"{cfg.beta:g})" if cfg.ref != "init" or not cfg.beta else
+          f"a larger --beta (now {cfg.beta:g})")
+    k = cfg.updates_per_step or cfg.prompts_per_step * cfg.group_size // cfg.mini_batch_size
+    fewer = f" or fewer updates per batch (now {k}: --updates-per-step)" if k > 1 else ""
+    return f"add {kl}{fewer}"

@@ -54,7 +54,7 @@ from torch import nn
 
 from rpg_ref.strict_json import dumps, loads, step_rows
 from rpg_ref.trainer.collectives import max_over_ranks
-from rpg_ref.trainer.errors import Diverged, ResumeError, flag_advice
+from rpg_ref.trainer.errors import Diverged, ResumeError, exploitation_advice, flag_advice
 from rpg_ref.trainer.files import atomic_write
 
 
@@ -205,7 +205,29 @@ class Watch:
                           f"{flag_advice(self.cfg)}")
 
     def collapse(self) -> str | None:
-        """The collapse rule (class docstring) on the rows so far: its line, or None."""
+        """The collapse rule (class docstring) on the rows so far: its line, or None. A fall while
+        the training reward rose is told apart: the reward is being exploited."""
+        falls = [f for f in (self._held_out_fall(), self._accuracy_fall()) if f]
+        if not falls:
+            return None
+        rows, last = self.rows, self.rows[-self.WINDOW:]
+        steps = f"over steps {last[0]['step']}-{last[-1]['step']}"
+        rest = lambda r: r["reward"] - r.get("accuracy", 0.0)  # the reward beyond correctness
+        rewards = [(r["reward"], rest(r)) for r in last]
+        reward, beyond = (sum(x) / len(rewards) for x in zip(*rewards))
+        if rows[0]["step"] == 1 and reward > rows[0]["reward"]:  # the gold measure fell, not it
+            return (f"the reward is being exploited: the training reward rose from "
+                    f"{rows[0]['reward']:.3g} at step 1 to {reward:.3g} {steps} while "
+                    f"{falls[0]}; {exploitation_advice(self.cfg)}")
+        if rows[0]["step"] == 1 and beyond > rest(rows[0]) + 1e-9:
+            return (f"the reward is being exploited: its part beyond the accuracy (reward - "
+                    f"accuracy: a token cost, a length penalty) rose from {rest(rows[0]):.3g} at "
+                    f"step 1 to {beyond:.3g} {steps} while {falls[0]}; "
+                    f"{exploitation_advice(self.cfg)}")
+        return f"the policy collapsed: {falls[-1]}; {flag_advice(self.cfg)}"
+
+    def _accuracy_fall(self) -> str | None:
+        """The training accuracy's fall (class docstring), or None."""
         rows = self.rows
         if len(rows) > self.WINDOW and rows[0]["step"] == 1 and "accuracy" in rows[0]:
             p0, n = rows[0]["accuracy"], self.cfg.prompts_per_step * self.cfg.group_size
@@ -214,17 +236,21 @@ class Watch:
             if p0 >= self.MIN_START and now < min(p0 / 2, p0 - 3 * math.sqrt(p0 * (1 - p0) / n)):
                 since = next(r["step"] for r in reversed(rows) if r["accuracy"] >= p0 / 2) + 1
                 reward = sum(r["reward"] for r in last) / len(last)
-                return (f"the policy collapsed: accuracy {now:.3g} over steps {last[0]['step']}-"
-                        f"{last[-1]['step']} (mean reward {reward:.3g}), down from {p0:.3g} at "
-                        f"step 1, every step below half of it since step {since}; "
-                        f"{flag_advice(self.cfg)}")
+                return (f"accuracy {now:.3g} over steps {last[0]['step']}-{last[-1]['step']} "
+                        f"(mean reward {reward:.3g}), down from {p0:.3g} at step 1, every step "
+                        f"below half of it since step {since}")
+        return None
+
+    def _held_out_fall(self) -> str | None:
+        """The first held-out accuracy (an eval_*accuracy* key) below half its first value."""
+        rows = self.rows
         for key in dict.fromkeys(k for r in rows for k in r if k.startswith("eval_")
                                  and "accuracy" in k):
             evals = [(r["step"], r[key]) for r in rows if key in r]
             (first_step, first), (step, now) = evals[0], evals[-1]
             if len(evals) > 1 and first >= self.MIN_START and now < first / 2:
-                return (f"the policy collapsed: held-out {key[5:]} {now:.3g} at step {step}, "
-                        f"down from {first:.3g} at step {first_step}; {flag_advice(self.cfg)}")
+                return (f"held-out {key[5:]} {now:.3g} at step {step}, down from {first:.3g} at "
+                        f"step {first_step}")
         return None
 
     def verdict(self) -> str | None:

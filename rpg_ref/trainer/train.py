@@ -308,6 +308,24 @@ def build(cfg: Config, device: torch.device) -> tuple:
     return engine_cls, task, policy, ref
 
 
+START_EVAL = "eval_at_start.json"  # OUT/: the evaluation of the initial policy, before step 1
+
+
+def evaluation_at_start(out: Path, workers: Workers, device, fresh: bool, main: bool) -> dict:
+    """{eval_<key>: value} of the task's evaluation of the initial policy (a warm start's), before
+    any step: what the final evaluation is compared with. A fresh run computes it outside the
+    training stream (torch's generators are as they were after it: the run is the same with or
+    without it) and rank 0 writes it to OUT/eval_at_start.json; a resumed run reads it back."""
+    if not fresh:
+        path = out / START_EVAL
+        return loads(path.read_text()) if main and path.is_file() else {}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        result = {f"eval_{k}": v for k, v in workers.evaluate().items()}
+    if main:
+        atomic_write(out / START_EVAL, dumps(result, indent=1))
+    return result
+
+
 def finished(cfg: Config) -> bool:
     """A resumed run that already reached cfg.steps and wrote its summary: nothing to do."""
     out = Path(cfg.out)
@@ -342,6 +360,8 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     watch = Watch(cfg, rows)  # non-finite values stop the run; health is judged at its end
 
     with bar:  # the progress bar, cleared if the loop ends on an exception
+        bar.phase("evaluation")
+        start_eval = evaluation_at_start(out, workers, device, fresh=not start, main=rank.main)
         for step in range(start + 1, cfg.steps + 1):
             t_step = time.perf_counter()
             if device.type == "cuda":
@@ -426,7 +446,9 @@ def train(cfg: Config, run: Run | None = None) -> dict:
     # torchrun: every rank takes part; rank 0 gets a plain copy of the policy, the others None
     plain = workers.plain_policy()
     summary = {"config": dataclasses.asdict(cfg), "steps_done": cfg.steps, "final": row,
-               "eval": last_eval, "model_params": model_params, "live_params": live_params,
+               "eval": last_eval, "eval_at_start": start_eval,
+               "evaluation": getattr(task, "evaluation", "evaluation"),
+               "model_params": model_params, "live_params": live_params,
                "models_in_memory": live_params / model_params, "world_size": rank.world,
                "wall_time_s_this_process": time.perf_counter() - t_run, "health": watch.health(),
                **(task.summary(plain, cfg) if rank.main else {})}

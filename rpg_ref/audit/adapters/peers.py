@@ -18,7 +18,6 @@ fixed length H).
 
 from __future__ import annotations
 
-import functools
 import types
 
 import torch
@@ -239,7 +238,3 @@ def peer_adapters() -> tuple[list[Adapter], list[str]]:
             notes.append(f"{e}: its rows are left out (CI's .venv-audit has it)")
     return out, notes
 
-
-@functools.cache
-def peers_installed() -> bool:
-    return not peer_adapters()[1]
