@@ -494,11 +494,29 @@ def verdict_class(r: dict) -> str:
     return "0"
 
 
+def between_testbeds(a: dict, b: dict) -> tuple[float, float, float]:
+    """The difference of two testbeds' estimates, a - b, with its 95 % Welch interval: each
+    side's standard error is its paired t interval's half-width over t(0.975, n - 1) (the seeds of
+    two testbeds are not paired)."""
+    def se(r):
+        return (r["hi"] - r["lo"]) / 2 / stats.t.ppf(0.975, r["n"] - 1)
+    ra, rb = a["r"], b["r"]
+    sa, sb = se(ra), se(rb)
+    d, s2 = ra["mean"] - rb["mean"], sa ** 2 + sb ** 2
+    df = s2 ** 2 / (sa ** 4 / (ra["n"] - 1) + sb ** 4 / (rb["n"] - 1)) if s2 > 0 else math.inf
+    half = stats.t.ppf(0.975, df) * math.sqrt(s2)
+    return d, d - half, d + half
+
+
 def agreement(*sides: dict) -> str:
     """The testbeds row's last column: "replicated" only where every testbed ran the claim to
     every planned seed and found a difference of the same sign; "no difference on either" (on
-    any, for more than two) where all found none; "differ" otherwise; "pending" while a study's
-    seeds are still landing; "one testbed only" where a testbed cannot express the claim."""
+    any, for more than two) where all found none; "pending" while a study's seeds are still
+    landing; "one testbed only" where a testbed cannot express the claim. Where the verdicts
+    differ, the difference of the testbeds' estimates with its 95 % interval (between_testbeds)
+    tells which kind: "the testbeds disagree" when an interval excludes 0 (the pair whose interval
+    lies farthest from 0 is shown), "same sign, significance differs" when every estimate has one
+    sign and every interval holds 0, else "opposite signs, within the noise"."""
     if any("why" in side for side in sides):
         return "one testbed only"
     for side in sides:
@@ -508,7 +526,15 @@ def agreement(*sides: dict) -> str:
     if len(found) == 1:
         none = "no difference on either" if len(sides) == 2 else "no difference on any"
         return none if found == {"0"} else "**replicated**"
-    return "differ"
+    pairs = [(a, b, *between_testbeds(a, b)) for i, a in enumerate(sides) for b in sides[i + 1:]]
+    a, b, d, lo, hi = max(pairs, key=lambda p: max(p[3], -p[4]))   # lo > 0 or hi < 0: apart
+    shown = f"{a['study']} - {b['study']} {_f(d)} [{_f(lo)}, {_f(hi)}]"
+    if lo > 0 or hi < 0:
+        return f"the testbeds disagree ({shown})"
+    signs = {math.copysign(1, side["r"]["mean"]) for side in sides}
+    if len(signs) == 1:
+        return f"same sign, significance differs ({shown})"
+    return f"opposite signs, within the noise ({shown})"
 
 
 def two_testbeds_report(studies: dict, path: Path) -> str | None:
