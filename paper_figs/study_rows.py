@@ -122,6 +122,11 @@ def read_study_rows(path: Path, spec: dict | None = None, on_torn=_stderr) -> li
     for i, line in enumerate(complete.splitlines(), 1):
         try:
             row = strict_json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("argv"), list):
+                # a command line's words are strings: strict_json reads the word "inf" (--clip's
+                # "no dual bound") back as a float, so it is written back as the word
+                row["argv"] = [strict_json.encode(a) if isinstance(a, float) else a
+                               for a in row["argv"]]
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{i}: not a JSON object ({e}); the file is corrupt: "
                              f"restore it from git") from None

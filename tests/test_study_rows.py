@@ -147,3 +147,16 @@ def test_a_torn_last_line_is_reported_and_the_runner_says_it_cuts_it_off(tmp_pat
     assert err.startswith(f"small_scale.study: {results}:{len(lines) + 1}: cut off a torn last "
                           "line (40 bytes, a write stopped by a kill)"), err
     assert results.read_text().count("\n") == len(lines) + 1
+
+
+def test_the_word_inf_of_a_command_line_reads_back_as_the_word(tmp_path):
+    """--clip EPS_LOW EPS_HIGH inf (no dual bound) in a row's argv: strict_json reads the string
+    "inf" as a float, and the reader gives the command line's word back, so the row stays a
+    command (its argv a list of strings) and equals what the runner would write."""
+    from paper_figs.study_rows import read_study_rows
+    from rpg_ref import strict_json
+    argv = ["python", "-m", "rpg_ref.cli", "--clip", "0.1", "0.14", "inf", "--seed", "0"]
+    path = tmp_path / "r.jsonl"
+    path.write_text(strict_json.dumps({"cell": "a", "seed": 0, "argv": argv}) + "\n")
+    assert strict_json.loads(path.read_text())["argv"][6] == float("inf")  # what it works around
+    assert read_study_rows(path)[0]["argv"] == argv
