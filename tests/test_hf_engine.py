@@ -468,8 +468,9 @@ def test_trainer_refreshes_the_bf16_copy_after_every_update(tmp_path, monkeypatc
     monkeypatch.setattr(HFEngine, "generate", checked)
     train.train(cli.parse_config(_seq_argv(tmp_path / "a")))
     diffs, copies = seen[0::2], seen[1::2]
-    assert len(diffs) == 6 and max(diffs) == 0.0  # 3 rollouts + 3 evaluations
-    rollouts = copies[0::2]
+    # the evaluation of the initial policy before step 1, then 3 x (a rollout, an evaluation)
+    assert len(diffs) == 7 and max(diffs) == 0.0
+    rollouts = copies[1::2]
     for before, after in itertools.pairwise(rollouts):
         assert any(not torch.equal(x, y) for x, y in zip(before, after)), "the copy never moved"
     rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]

@@ -119,8 +119,8 @@ def test_step_t_samples_with_the_weights_of_update_t_minus_1_minus_k(
         want = max(0, t - 1 - lag)
         assert same(used, w[want]), f"step {t} sampled with other weights than step {want}'s"
     if task == "seq":
-        assert len(evals) == 4  # steps 2, 4, 6 and the last
-        for s, used in zip((2, 4, 6, 7), evals):
+        assert len(evals) == 5  # the initial policy before step 1, steps 2, 4, 6 and the last
+        for s, used in zip((0, 2, 4, 6, 7), evals):
             assert same(used, w[s]), f"evaluation at step {s} did not use step {s}'s weights"
     if lag:
         lagged = torch.load(out / "checkpoints" / f"step_{steps:06d}" / LAG_FILE,

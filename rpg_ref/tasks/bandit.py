@@ -19,7 +19,6 @@ from torch import Tensor, nn
 
 from rpg_ref.core.losses import SPECS
 from rpg_ref.interfaces import Prompt
-from rpg_ref.trainer.config import resolved_adv
 
 
 class TabularPolicy(nn.Module):
@@ -136,7 +135,8 @@ class BanditTask:
         elif spec.family in ("rpg", "rpg-reinforce"):
             optimum = kl_regularized_optimum(ref, R, cfg.beta, spec.divergence)
             note = f"argmax E[R] - beta {spec.divergence}(p, ref)"
-        elif cfg.algo in GRPO_KL and resolved_adv(cfg) == "group-mean":
+        elif cfg.algo in GRPO_KL and (SPECS[cfg.algo].advantage if cfg.adv == "auto"
+                                      else cfg.adv) == "group-mean":
             optimum = kl_regularized_optimum(ref, R, cfg.beta, GRPO_KL[cfg.algo])
             note = (f"{cfg.algo} with group-mean advantages: argmax E[R] - beta "
                     f"{GRPO_KL[cfg.algo]}(p, ref)")
