@@ -31,7 +31,7 @@ from rpg_ref import cli
 from rpg_ref.core.losses import LOSSES
 from rpg_ref.interfaces import Generation, Prompt
 from rpg_ref.tasks.bandit import kl_regularized_optimum
-from rpg_ref.trainer import config, presets, train
+from rpg_ref.trainer import config, metrics, presets, train
 from rpg_ref.trainer.distributed.workers import Workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -658,7 +658,7 @@ def test_the_evaluation_at_step_0_leaves_the_run_as_it_was_and_the_last_line_sho
     argv = small_seq_argv(cache_dir=cache_dir, steps=2, eval_every=1, progress=False)
     assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
     done = capsys.readouterr().out.strip().splitlines()[-1]
-    at_start = json.loads((tmp_path / "a" / train.START_EVAL).read_text())
+    at_start = json.loads((tmp_path / "a" / metrics.START_EVAL).read_text())
     final = rows(tmp_path / "a")[-1]
     assert set(at_start) == {"eval_greedy_accuracy"}
     assert done.endswith(f"held-out: greedy_accuracy={final['eval_greedy_accuracy']:.3f} "

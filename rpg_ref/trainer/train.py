@@ -75,6 +75,7 @@ from rpg_ref.trainer.metrics import (
     MetricsLog,
     Progress,
     Watch,
+    evaluation_at_start,
     live_parameter_count,
     peak_memory_mb,
 )
@@ -306,24 +307,6 @@ def build(cfg: Config, device: torch.device) -> tuple:
     policy.eval()
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.ref == "init" else None
     return engine_cls, task, policy, ref
-
-
-START_EVAL = "eval_at_start.json"  # OUT/: the evaluation of the initial policy, before step 1
-
-
-def evaluation_at_start(out: Path, workers: Workers, device, fresh: bool, main: bool) -> dict:
-    """{eval_<key>: value} of the task's evaluation of the initial policy (a warm start's), before
-    any step: what the final evaluation is compared with. A fresh run computes it outside the
-    training stream (torch's generators are as they were after it: the run is the same with or
-    without it) and rank 0 writes it to OUT/eval_at_start.json; a resumed run reads it back."""
-    if not fresh:
-        path = out / START_EVAL
-        return loads(path.read_text()) if main and path.is_file() else {}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        result = {f"eval_{k}": v for k, v in workers.evaluate().items()}
-    if main:
-        atomic_write(out / START_EVAL, dumps(result, indent=1))
-    return result
 
 
 def finished(cfg: Config) -> bool:
